@@ -1,0 +1,106 @@
+"""The `fusionlab` command line. User errors become one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from fusionlab.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"fusionlab: {message} (see fusionlab {self.prog.split()[-1]} --help)\n")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("op", help="the op, e.g. rmsnorm (see fusionlab list)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or neuron (default auto)")
+    parser.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a Python file that registers variants (repeatable)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds one trial may take, compile included (default 300)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fusionlab", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sweep = commands.add_parser("sweep", help="measure every variant across shapes and dtypes")
+    _add_common(sweep)
+    sweep.add_argument("--shapes", help="comma-separated, e.g. 1x4096,4x2048x4096")
+    sweep.add_argument("--dtypes", help="comma-separated, e.g. float32,bfloat16")
+    sweep.add_argument("--variants", help="comma-separated subset of variants (default: all)")
+    sweep.add_argument(
+        "--trials",
+        type=int,
+        default=40,
+        help="TPE budget per cell when its space is too large to enumerate",
+    )
+    sweep.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
+    sweep.add_argument("--fresh", action="store_true", help="measure again what is already stored")
+    sweep.add_argument("--quick", action="store_true", help="a small sweep that ends in seconds")
+    sweep.add_argument(
+        "--export", metavar="FILE", help="also write the table (format by extension)"
+    )
+
+    export = commands.add_parser("export", help="render stored results without measuring")
+    export.add_argument("op")
+    export.add_argument(
+        "--format", help="md, csv, json, latex or html (default: by extension, else md)"
+    )
+    export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    export.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
+
+    commands.add_parser("list", help="ops and variants, and whether each runs here")
+
+    for name, text in (
+        ("compare", "profile every variant side by side at one shape"),
+        ("profile", "profile one variant in depth"),
+    ):
+        command = commands.add_parser(name, help=text)
+        _add_common(command)
+        command.add_argument("--shape", required=True, help="e.g. 4x2048x4096")
+        command.add_argument("--dtype", default="float32")
+        if name == "compare":
+            command.add_argument("--variants", help="comma-separated (default: all available)")
+        else:
+            command.add_argument("--variant", required=True)
+            command.add_argument(
+                "--param",
+                action="append",
+                default=[],
+                metavar="NAME=VALUE",
+                help="a tunable value (default: the first choice of each)",
+            )
+        command.add_argument("--trace-dir", help="write a Chrome trace (Perfetto) per variant here")
+        command.add_argument("--rows", type=int, default=12, help="rows of each key_averages table")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fusionlab` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        from fusionlab import commands
+
+        return commands.run(args)
+    except UserError as error:
+        print(f"fusionlab: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Rendering the best-config table as md, csv, json, latex or html."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from fusionlab.errors import UserError
+from fusionlab.tables import display_rows
+
+FORMATS = ("md", "csv", "json", "latex", "html")
+_SUFFIXES = {
+    ".md": "md",
+    ".markdown": "md",
+    ".csv": "csv",
+    ".json": "json",
+    ".tex": "latex",
+    ".latex": "latex",
+    ".html": "html",
+    ".htm": "html",
+}
+
+
+def format_for(path: str, requested: str | None = None) -> str:
+    """The format to write: the one asked for, else the file's extension."""
+    if requested is not None:
+        if requested not in FORMATS:
+            raise UserError(
+                f"unknown export format {requested!r}: choose from {', '.join(FORMATS)}"
+            )
+        return requested
+    fmt = _SUFFIXES.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise UserError(
+            f"cannot tell the export format of {path!r}: use an extension among "
+            f"{', '.join(sorted(_SUFFIXES))} or pass --format"
+        )
+    return fmt
+
+
+def check_writable(path: str) -> None:
+    """Fail early, before any measurement, when the export file cannot be written."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise UserError(f"cannot write {path!r}: folder {str(folder)!r} does not exist")
+    if Path(path).is_dir():
+        raise UserError(f"cannot write {path!r}: it is a folder")
+
+
+def render(rows: list[dict[str, Any]], fmt: str, meta: dict[str, Any]) -> str:
+    """The table in one format; json keeps numbers as numbers and adds metadata."""
+    if fmt == "json":
+        return json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
+    shown = display_rows(rows)
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(shown[0]) if shown else [])
+        writer.writeheader()
+        writer.writerows(shown)
+        return buffer.getvalue()
+    table_format = {"md": "github", "latex": "latex_booktabs", "html": "html"}[fmt]
+    return tabulate(shown, headers="keys", tablefmt=table_format, disable_numparse=True) + "\n"
+
+
+def write(path: str, text: str) -> None:
+    Path(path).write_text(text, encoding="utf-8")

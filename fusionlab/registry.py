@@ -1,0 +1,246 @@
+"""The registry of ops and their variants, and the ways users add variants to it."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import itertools
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna.distributions as od
+import torch
+
+from fusionlab.devices import DEVICE_TYPES
+from fusionlab.errors import RegistrationError, UserError
+from fusionlab.op import OpSpec
+from fusionlab.shapes import DTYPES
+
+Kernel = Callable[..., torch.Tensor]
+Params = dict[str, Any]
+Choice = bool | int | float | str
+TunableSpace = Sequence[Choice] | od.IntDistribution | od.FloatDistribution
+ENTRY_POINT_GROUP = "fusionlab.variants"
+_NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One lowering of an op: a factory that does its setup and returns the kernel to time.
+
+    `factory(device_type, **params)` returns a kernel taking the op's inputs."""
+
+    op: str
+    name: str
+    factory: Callable[..., Kernel]
+    devices: tuple[str, ...]
+    tunables: Mapping[str, TunableSpace] = field(default_factory=dict)
+    dtypes: tuple[str, ...] = tuple(DTYPES)
+    available: Callable[[str], str | None] | None = None
+    check_params: Callable[[tuple[int, ...], Params, str], str | None] | None = None
+    description: str = ""
+
+    def unavailable_reason(self, device_type: str) -> str | None:
+        """Why this variant cannot run on the device type in this process, or None."""
+        if device_type not in self.devices:
+            return f"runs on {', '.join(self.devices)} only"
+        return self.available(device_type) if self.available else None
+
+    def rejects(self, shape: tuple[int, ...], params: Params, device_type: str) -> str | None:
+        """Why these tunable values cannot run here (checked before measuring)."""
+        return self.check_params(shape, params, device_type) if self.check_params else None
+
+    def is_finite(self) -> bool:
+        return all(_choices(space) is not None for space in self.tunables.values())
+
+    def configurations(self) -> Iterator[Params]:
+        """Every combination of tunable values (only for finite spaces)."""
+        names = list(self.tunables)
+        choice_lists = [_choices(self.tunables[name]) or [] for name in names]
+        for values in itertools.product(*choice_lists):
+            yield dict(zip(names, values, strict=True))
+
+    def space_size(self) -> int | None:
+        """How many configurations the variant has, or None when its space is continuous."""
+        size = 1
+        for space in self.tunables.values():
+            choices = _choices(space)
+            if choices is None:
+                return None
+            size *= len(choices)
+        return size
+
+
+def _choices(space: TunableSpace) -> list[Choice] | None:
+    if isinstance(space, od.IntDistribution):
+        return list(range(space.low, space.high + 1, space.step))
+    if isinstance(space, od.FloatDistribution):
+        return None
+    return list(space)
+
+
+_OPS: dict[str, OpSpec] = {}
+_VARIANTS: dict[str, dict[str, Variant]] = {}
+_loaded_entry_points = False
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    """Add an op spec to the registry."""
+    _OPS[spec.name] = spec
+    _VARIANTS.setdefault(spec.name, {})
+    return spec
+
+
+def register_variant(
+    op: str,
+    name: str | None = None,
+    *,
+    devices: Sequence[str],
+    tunables: Mapping[str, TunableSpace] | None = None,
+    dtypes: Sequence[str] | None = None,
+    available: Callable[[str], str | None] | None = None,
+    check_params: Callable[[tuple[int, ...], Params, str], str | None] | None = None,
+    description: str = "",
+) -> Callable[[Callable[..., Kernel]], Callable[..., Kernel]]:
+    """Decorator: register `factory(device_type, **params) -> kernel` as a variant of `op`."""
+
+    def decorate(factory: Callable[..., Kernel]) -> Callable[..., Kernel]:
+        variant = Variant(
+            op=op,
+            name=name or factory.__name__,
+            factory=factory,
+            devices=tuple(devices),
+            tunables=dict(tunables or {}),
+            dtypes=tuple(dtypes or DTYPES),
+            available=available,
+            check_params=check_params,
+            description=description or (factory.__doc__ or "").strip().split("\n")[0],
+        )
+        _validate(variant)
+        _VARIANTS[op][variant.name] = variant
+        return factory
+
+    return decorate
+
+
+def _validate(variant: Variant) -> None:
+    where = f"variant {variant.op}/{variant.name}"
+    if variant.op not in _OPS:
+        raise RegistrationError(f"{where}: unknown op {variant.op!r}; known ops: {', '.join(_OPS)}")
+    if not _NAME.match(variant.name):
+        raise RegistrationError(f"{where}: names are lower-case letters, digits, '_' and '-'")
+    existing = _VARIANTS[variant.op].get(variant.name)
+    if existing is not None and existing.factory.__qualname__ != variant.factory.__qualname__:
+        raise RegistrationError(f"{where}: that name is taken; pick another name")
+    bad_devices = set(variant.devices) - set(DEVICE_TYPES)
+    if not variant.devices or bad_devices:
+        raise RegistrationError(f"{where}: devices must be among {', '.join(DEVICE_TYPES)}")
+    bad_dtypes = set(variant.dtypes) - set(DTYPES)
+    if bad_dtypes:
+        raise RegistrationError(f"{where}: unknown dtypes {sorted(bad_dtypes)}")
+    for tunable, space in variant.tunables.items():
+        if not _NAME.match(tunable):
+            raise RegistrationError(f"{where}: tunable name {tunable!r} is not a plain name")
+        if isinstance(space, (od.IntDistribution, od.FloatDistribution)):
+            continue
+        if isinstance(space, (str, bytes)) or not isinstance(space, Sequence) or not space:
+            raise RegistrationError(
+                f"{where}: tunable {tunable!r} needs a non-empty list of choices or an "
+                "optuna Int/FloatDistribution"
+            )
+        if not all(isinstance(value, (bool, int, float, str)) for value in space):
+            raise RegistrationError(
+                f"{where}: tunable {tunable!r} choices must be bool/int/float/str"
+            )
+    if not callable(variant.factory):
+        raise RegistrationError(f"{where}: the factory is not callable")
+
+
+def _ensure_builtin() -> None:
+    importlib.import_module("fusionlab.kernels")
+
+
+def get_op(name: str) -> OpSpec:
+    """The op spec for a name, or UserError naming the known ops."""
+    _ensure_builtin()
+    if name not in _OPS:
+        raise UserError(f"unknown op {name!r}: known ops are {', '.join(sorted(_OPS))}")
+    return _OPS[name]
+
+
+def op_names() -> list[str]:
+    _ensure_builtin()
+    return sorted(_OPS)
+
+
+def variants_of(op: str) -> dict[str, Variant]:
+    """All registered variants of an op, by name."""
+    get_op(op)
+    return dict(_VARIANTS[op])
+
+
+def get_variant(op: str, name: str) -> Variant:
+    variants = variants_of(op)
+    if name not in variants:
+        raise UserError(f"unknown variant {name!r} of {op}: choose from {', '.join(variants)}")
+    return variants[name]
+
+
+def load_plugin(path: str) -> None:
+    """Import a user's Python file that registers variants."""
+    _ensure_builtin()
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"plugin {path!r} not found: pass the path of a .py file")
+    digest = hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:10]
+    module_name = f"fusionlab_plugin_{file.stem}_{digest}"
+    if module_name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise UserError(f"plugin {path!r} is not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    before = {op: dict(variants) for op, variants in _VARIANTS.items()}
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as error:  # a plugin may raise anything, SystemExit included
+        del sys.modules[module_name]
+        _VARIANTS.clear()
+        _VARIANTS.update(before)  # a failed plugin leaves nothing half registered
+        if isinstance(error, UserError):
+            raise UserError(f"plugin {path!r}: {error}") from None
+        raise UserError(
+            f"plugin {path!r} failed to import ({type(error).__name__}: {error}); fix the file"
+        ) from None
+
+
+def load_entry_points() -> None:
+    """Import the variants that installed packages declare under `fusionlab.variants`."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _ensure_builtin()
+    _loaded_entry_points = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            entry.load()
+        except UserError as error:
+            raise UserError(f"entry point {entry.name!r} ({entry.value}): {error}") from None
+        except Exception as error:
+            raise UserError(
+                f"entry point {entry.name!r} ({entry.value}) failed to load "
+                f"({type(error).__name__}: {error}); fix or uninstall that package"
+            ) from None
+
+
+def ensure_variant_module(module: str) -> None:
+    """Import the module that registers a variant (used in worker processes)."""
+    if module not in sys.modules and module not in ("__main__", "__mp_main__"):
+        importlib.import_module(module)

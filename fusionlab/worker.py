@@ -1,0 +1,129 @@
+"""A long-lived worker process that runs trials, so a crashing or hanging variant cannot take
+the sweep down. It is replaced when it dies or overruns a trial's timeout."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from fusionlab.records import Status, TrialRecord
+from fusionlab.trial import TrialTask
+
+_READY_TIMEOUT_S = 300.0
+
+
+def _serve(conn: Connection, plugins: list[str], modules: list[str], log_path: str) -> None:
+    """Worker main loop: load the same variants as the parent, then run tasks until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    from fusionlab.registry import ensure_variant_module, load_entry_points, load_plugin
+    from fusionlab.trial import run_trial
+
+    load_entry_points()
+    for path in plugins:
+        load_plugin(path)
+    for module in modules:
+        ensure_variant_module(module)
+    conn.send("ready")
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        conn.send(run_trial(task).to_dict())
+
+
+class TrialWorker:
+    """Runs trials in a child process with a per-trial timeout."""
+
+    def __init__(self, plugins: list[str] | None = None, modules: list[str] | None = None) -> None:
+        self._plugins = list(plugins or [])
+        self._modules = list(modules or [])
+        self._context = multiprocessing.get_context("spawn")
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        handle, self.log_path = tempfile.mkstemp(prefix="fusionlab-worker-", suffix=".log")
+        os.close(handle)
+
+    def _start(self) -> Connection:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(
+            target=_serve, args=(child, self._plugins, self._modules, self.log_path), daemon=True
+        )
+        process.start()
+        child.close()
+        if not parent.poll(_READY_TIMEOUT_S) or parent.recv() != "ready":
+            process.kill()
+            raise RuntimeError(f"the worker process did not start; see {self.log_path}")
+        self._process, self._conn = process, parent
+        return parent
+
+    def run(self, task: TrialTask, timeout_s: float) -> TrialRecord:
+        """Run one trial; a hang becomes TIMEOUT and a dead worker CRASHED."""
+        conn = self._conn or self._start()
+        log_offset = Path(self.log_path).stat().st_size
+        conn.send(task)
+        try:
+            if conn.poll(timeout_s):
+                return TrialRecord.from_dict(conn.recv())
+            status, message = Status.TIMEOUT, f"no result within {timeout_s:g} s; worker killed"
+        except (EOFError, ConnectionError):
+            status, message = Status.CRASHED, self._death_message()
+        self._discard()
+        tail = self._log_tail(log_offset)
+        return TrialRecord(
+            op=task.op,
+            variant=task.variant,
+            params=dict(task.params),
+            device=task.device,
+            device_name=task.device_name,
+            shape=list(task.shape),
+            dtype=task.dtype,
+            status=status,
+            message=f"{message}{'; last output: ' + tail if tail else ''}",
+            seed=task.seed,
+        )
+
+    def _death_message(self) -> str:
+        assert self._process is not None
+        self._process.join(5)
+        code = self._process.exitcode
+        if code is not None and code < 0:
+            return f"worker process died from {signal.Signals(-code).name}"
+        return f"worker process exited with code {code}"
+
+    def _log_tail(self, offset: int) -> str:
+        text = Path(self.log_path).read_text(errors="replace")[offset:]
+        lines = [line for line in text.splitlines() if line.strip() and "USDT:" not in line]
+        return " | ".join(lines[-3:])[-400:]
+
+    def _discard(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        if self._conn is not None:
+            self._conn.close()
+        self._process, self._conn = None, None
+
+    def close(self) -> None:
+        """Stop the worker (politely if it is idle) and remove its log."""
+        if self._conn is not None and self._process is not None and self._process.is_alive():
+            try:
+                self._conn.send(None)
+                self._process.join(5)
+            except (BrokenPipeError, ConnectionError):
+                pass
+        self._discard()
+        Path(self.log_path).unlink(missing_ok=True)
+
+    def __enter__(self) -> TrialWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

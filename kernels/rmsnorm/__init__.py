@@ -1,0 +1,3 @@
+"""RMSNorm: its spec, the framework lowerings and the hand-written kernels."""
+
+from fusionlab.kernels.rmsnorm import framework, handwritten, spec  # noqa: F401

@@ -1,0 +1,27 @@
+"""Shared test helpers. Triton kernels run in its CPU interpreter; there is no GPU in CI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+PLUGINS = Path(__file__).parent / "plugins"
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run the real `fusionlab` command in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "fusionlab.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+@pytest.fixture
+def storage_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'results.db'}"

@@ -1,0 +1,116 @@
+"""The sweep end to end through the real command: statuses, resume, --fresh and exports."""
+
+import csv
+import io
+import json
+import sqlite3
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from conftest import PLUGINS, run_cli
+
+from fusionlab.api import stored_cells
+from fusionlab.records import Status
+from fusionlab.tables import best_rows, display_rows
+
+PLUGIN = str(PLUGINS / "misbehaving.py")
+SWEEP = ["sweep", "rmsnorm", "--quick", "--shapes", "2x64,3x100", "--dtypes", "float32",
+         "--variants", "naive,builtin,wrong,aborts,hangs", "--plugin", PLUGIN, "--timeout", "8"]
+
+
+def _trial_count(db: Path) -> int:
+    with sqlite3.connect(db) as connection:
+        return connection.execute("select count(*) from trials").fetchone()[0]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """One real sweep with misbehaving variants, shared by the tests below."""
+    folder = tmp_path_factory.mktemp("sweep")
+    url = f"sqlite:///{folder / 'results.db'}"
+    result = run_cli(*SWEEP, "--storage", url, "--export", "best.csv", cwd=folder)
+    assert result.returncode == 0, result.stderr
+    return folder, url, result.stdout + result.stderr
+
+
+def test_misbehaving_variants_are_recorded_and_never_win(swept) -> None:
+    folder, url, output = swept
+    cells = stored_cells("rmsnorm", url)
+    assert len(cells) == 2
+    for cell in cells:
+        statuses = {r.variant: r.status for r in cell.records}
+        assert statuses == {"naive": Status.PASSED, "builtin": Status.PASSED,
+                            "wrong": Status.INCORRECT, "aborts": Status.CRASHED,
+                            "hangs": Status.TIMEOUT}
+        assert cell.ranked()[0].variant in {"naive", "builtin"}
+    rows = list(csv.DictReader((folder / "best.csv").open()))
+    assert [row["fastest"] for row in rows] == [c.ranked()[0].variant for c in cells]
+    assert all(row["failed"] == "3/5" for row in rows)
+    assert "SIGABRT" in output and "TIMEOUT" in output and "INCORRECT" in output
+
+
+def test_rerun_resumes_without_measuring(swept) -> None:
+    folder, url, _ = swept
+    before = _trial_count(folder / "results.db")
+    again = run_cli(*SWEEP, "--storage", url, cwd=folder)
+    assert again.returncode == 0, again.stderr
+    assert _trial_count(folder / "results.db") == before
+    assert "] 2x64" not in again.stderr  # no progress line: nothing was measured
+    assert "fastest" in again.stdout
+
+
+def test_fresh_measures_again(tmp_path: Path, storage_url: str) -> None:
+    args = ["sweep", "rmsnorm", "--quick", "--shapes", "2x32", "--variants", "builtin",
+            "--storage", storage_url]
+    assert run_cli(*args, cwd=tmp_path).returncode == 0
+    fresh = run_cli(*args, "--fresh", cwd=tmp_path)
+    assert fresh.returncode == 0 and "[1/1] 2x32" in fresh.stderr
+    assert len(stored_cells("rmsnorm", storage_url)[0].records) == 1
+
+
+class _Cells(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+
+    def handle_starttag(self, tag: str, attrs: object) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append("")
+
+    def handle_data(self, data: str) -> None:
+        if self.rows and self.rows[-1]:
+            self.rows[-1][-1] += data.strip()
+
+
+def _parse(fmt: str, text: str) -> list[list[str]]:
+    if fmt == "csv":
+        return list(csv.reader(io.StringIO(text)))
+    if fmt == "md":
+        lines = [line for line in text.splitlines() if line.startswith("|")]
+        del lines[1]  # the |---| rule
+        return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    if fmt == "latex":
+        lines = [line for line in text.splitlines() if line.endswith("\\\\")]
+        return [[c.strip().replace("\\_", "_").replace("\\%", "%") for c in line[:-2].split("&")]
+                for line in lines]
+    parser = _Cells()
+    parser.feed(text)
+    return parser.rows
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "latex", "html", "json"])
+def test_exports_parse_back_to_the_same_rows(swept, fmt: str, tmp_path: Path) -> None:
+    _, url, _ = swept
+    out = tmp_path / f"best.{'tex' if fmt == 'latex' else fmt}"
+    result = run_cli("export", "rmsnorm", "--storage", url, "-o", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = best_rows(stored_cells("rmsnorm", url))
+    if fmt == "json":
+        assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
+        return
+    shown = display_rows(rows)
+    expected = [list(shown[0])] + [list(row.values()) for row in shown]
+    assert _parse(fmt, out.read_text()) == expected

@@ -1,0 +1,70 @@
+"""Fusion accounting read off real torch.profiler runs on the CPU (issue: compare/profile)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fusionlab.records import Status, TrialRecord
+from fusionlab.timing import TimingSettings
+from fusionlab.trial import TrialTask, run_trial
+
+FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
+SHAPES = [(1, 256), (256, 4096)]
+
+
+def _profiled(variant: str, shape, tmp_path: Path, params=None) -> TrialRecord:
+    record = run_trial(TrialTask("rmsnorm", variant, params or {}, "cpu", "test-cpu", shape,
+                                 "float32", timing=FAST, profile_table_rows=10,
+                                 trace_dir=str(tmp_path)))
+    assert record.status is Status.PASSED, record.message
+    assert record.fusion is not None
+    return record
+
+
+def _trace_names(path: str) -> list[str]:
+    trace = json.loads(Path(path).read_text())
+    return [event.get("name", "") for event in trace["traceEvents"]]
+
+
+def _check_accounting(record: TrialRecord) -> None:
+    fusion = record.fusion
+    assert fusion is not None and fusion.device_time_us is not None
+    assert fusion.span_us is not None and fusion.idle_us is not None
+    assert fusion.idle_us >= 0
+    assert fusion.device_time_us + fusion.idle_us == pytest.approx(fusion.span_us, abs=1e-6)
+    assert 0 < fusion.top_op_share <= 1
+    assert fusion.memory_bytes >= 4 * record.shape[0] * record.shape[1]  # the output at least
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_naive_runs_as_separate_ops_with_gaps(shape, tmp_path: Path) -> None:
+    record = _profiled("naive", shape, tmp_path)
+    fusion = record.fusion
+    assert fusion.device_ops >= 5
+    assert fusion.op_counts["aten::mul"] == 3
+    assert "aten::mul" in record.profile_table
+    _check_accounting(record)
+    assert fusion.idle_us > 0  # control returns to Python between ops
+    assert "aten::mul" in _trace_names(record.trace_file)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_builtin_is_one_rms_norm_op(shape, tmp_path: Path) -> None:
+    record = _profiled("builtin", shape, tmp_path)
+    assert record.fusion.device_ops == 1
+    assert record.fusion.op_counts == {"aten::rms_norm": 1}
+    _check_accounting(record)
+    assert "aten::rms_norm" in _trace_names(record.trace_file)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_compiled_is_exactly_one_compiled_region_per_call(shape, tmp_path: Path) -> None:
+    record = _profiled("compiled", shape, tmp_path, {"mode": "default", "dynamic": False})
+    counts = record.fusion.op_counts
+    assert len(counts) == 1
+    ((name, count),) = counts.items()
+    assert name.startswith("Torch-Compiled Region") and count == 1
+    _check_accounting(record)
+    assert any(n.startswith("Torch-Compiled Region") for n in _trace_names(record.trace_file))
+    assert record.timing.first_call_ms > record.timing.median_ms  # compile time stays apart

@@ -1,0 +1,57 @@
+"""The Optuna runner on real studies: TPE within a budget for a large space, rejected values
+never measured, duplicates never measured twice, and a second run adds nothing."""
+
+from pathlib import Path
+
+import optuna
+import optuna.distributions as od
+
+from fusionlab import register_variant, sweep
+from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+from fusionlab.search.runner import study_name
+from fusionlab.timing import TimingSettings
+
+FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
+
+
+def _odd_unroll_is_invalid(shape, params, device_type):
+    return "odd unroll" if params["unroll"] % 2 else None
+
+
+@register_variant("rmsnorm", "test-big-space", devices=("cpu",),
+                  tunables={"unroll": od.IntDistribution(1, 400), "scale": (1, 2)},
+                  check_params=_odd_unroll_is_invalid)
+def big_space(device_type: str, unroll: int, scale: int):
+    return naive_rmsnorm
+
+
+def test_tpe_budget_rejections_and_resume(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'tpe.db'}"
+    options = {"variants": ["test-big-space"], "trials": 6, "timing": FAST, "seed": 1}
+    cells = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url, **options)
+    (cell,) = cells
+    assert len(cell.records) == 6  # the budget is new measurements
+    assert all(r.params["unroll"] % 2 == 0 for r in cell.records)
+    keys = {(r.params["unroll"], r.params["scale"]) for r in cell.records}
+    assert len(keys) == 6
+    study = optuna.load_study(study_name=study_name("rmsnorm", cell.device_name, (2, 32),
+                                                    "float32"), storage=url)
+    rejected = [t for t in study.trials if "rejected" in t.user_attrs]
+    assert cell.rejected == len(rejected)
+    assert all(t.params["test-big-space.unroll"] % 2 for t in rejected)
+
+    again = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url, **options)
+    assert len(again[0].records) == 6
+
+
+def test_exhaustive_cell_measures_every_valid_config_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'grid.db'}"
+    (cell,) = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url,
+                    variants=["naive", "compiled"], timing=FAST)
+    configs = sorted((r.variant, tuple(sorted(r.params.items()))) for r in cell.records)
+    assert configs == [
+        ("compiled", (("dynamic", False), ("mode", "default"))),
+        ("compiled", (("dynamic", True), ("mode", "default"))),
+        ("naive", ()),
+    ]
+    assert all(r.passed for r in cell.records)

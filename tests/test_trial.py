@@ -1,0 +1,121 @@
+"""The correctness gate and the measurement path, on real tensors in this process."""
+
+import torch
+
+from fusionlab import register_variant
+from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+from fusionlab.records import Status
+from fusionlab.timing import TimingSettings
+from fusionlab.trial import TrialTask, run_trial
+
+FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
+
+
+def _trial(variant: str, shape=(4, 96), dtype="float32", params=None):
+    return run_trial(TrialTask("rmsnorm", variant, params or {}, "cpu", "test-cpu", shape, dtype,
+                               seed=3, timing=FAST))
+
+
+@register_variant("rmsnorm", "test-off-by-eps", devices=("cpu",))
+def off_by_eps(device_type: str):
+    return lambda x, w, eps: naive_rmsnorm(x, w, 1e-1)
+
+
+@register_variant("rmsnorm", "test-mutates", devices=("cpu",))
+def mutates(device_type: str):
+    def kernel(x, w, eps):
+        out = naive_rmsnorm(x, w, eps)
+        x.add_(0)  # no value change: must pass
+        w.mul_(1.0001)
+        return out
+
+    return kernel
+
+
+@register_variant("rmsnorm", "test-aliases", devices=("cpu",))
+def aliases(device_type: str):
+    def kernel(x, w, eps):
+        return x.copy_(naive_rmsnorm(x, w, eps))
+
+    return kernel
+
+
+@register_variant("rmsnorm", "test-caches", devices=("cpu",))
+def caches(device_type: str):
+    cache: list[torch.Tensor] = []
+
+    def kernel(x, w, eps):
+        if not cache:
+            cache.append(naive_rmsnorm(x, w, eps))
+        return cache[0].clone()
+
+    return kernel
+
+
+@register_variant("rmsnorm", "test-raises", devices=("cpu",))
+def raises(device_type: str):
+    def kernel(x, w, eps):
+        raise ValueError("bad kernel")
+
+    return kernel
+
+
+@register_variant("rmsnorm", "test-setup-fails", devices=("cpu",))
+def setup_fails(device_type: str):
+    raise RuntimeError("cannot build")
+
+
+@register_variant("rmsnorm", "test-wrong-dtype", devices=("cpu",))
+def wrong_dtype(device_type: str):
+    return lambda x, w, eps: naive_rmsnorm(x.float(), w.float(), eps)
+
+
+def test_builtin_passes_with_full_record() -> None:
+    record = _trial("builtin", shape=(2, 3, 64), dtype="bfloat16")
+    assert record.status is Status.PASSED, record.message
+    assert record.accuracy is not None and record.accuracy.max_abs_err <= record.accuracy.atol + 1
+    timing = record.timing
+    assert timing is not None and len(timing.samples_ms) >= 5
+    assert timing.q1_ms <= timing.median_ms <= timing.q3_ms and timing.min_ms > 0
+    assert record.bytes_moved == (2 * 2 * 3 * 64 + 64) * 2
+    assert record.gbps is not None and record.gbps > 0
+    assert record.fusion is not None and record.fusion.device_ops == 1
+
+
+def test_wrong_values_are_incorrect() -> None:
+    record = _trial("test-off-by-eps")
+    assert record.status is Status.INCORRECT and "max abs error" in record.message
+    assert record.timing is None and record.gbps is None
+
+
+def test_mutating_an_input_is_incorrect() -> None:
+    record = _trial("test-mutates")
+    assert record.status is Status.INCORRECT and "modified input tensor #1" in record.message
+
+
+def test_output_aliasing_an_input_is_incorrect() -> None:
+    record = _trial("test-aliases")
+    assert record.status is Status.INCORRECT
+    assert "modified" in record.message or "aliases" in record.message
+
+
+def test_reusing_an_earlier_result_is_caught_by_the_second_input() -> None:
+    record = _trial("test-caches")
+    assert record.status is Status.INCORRECT and "max abs error" in record.message
+
+
+def test_exceptions_become_statuses() -> None:
+    assert _trial("test-raises").status is Status.RUNTIME_ERROR
+    failed_setup = _trial("test-setup-fails")
+    assert failed_setup.status is Status.COMPILE_ERROR and "cannot build" in failed_setup.message
+    wrong = _trial("test-wrong-dtype", dtype="bfloat16")
+    assert wrong.status is Status.INCORRECT and "dtype" in wrong.message
+
+
+def test_record_round_trips_through_json() -> None:
+    record = _trial("naive")
+    from fusionlab.records import TrialRecord
+    import json
+
+    again = TrialRecord.from_dict(json.loads(record.to_json()))
+    assert again == record
