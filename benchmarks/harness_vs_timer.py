@@ -40,14 +40,17 @@ def compare_timers(shapes: list[tuple[int, ...]], dtype: str, rounds: int) -> li
             if variant.unavailable_reason("cpu"):
                 continue
             kernel = variant.factory("cpu", **params)
-            _, first_ms = timed_once(lambda kernel=kernel: kernel(*inputs), device.synchronize)
+            _, first_ms = timed_once(lambda kernel=kernel, inputs=inputs: kernel(*inputs),
+                                    device.synchronize)
             ours, theirs = [], []
             for _ in range(rounds):  # alternate the two timers so drift hits both alike
-                timing = time_calls(lambda kernel=kernel: kernel(*inputs), device.synchronize,
+                timing = time_calls(lambda kernel=kernel, inputs=inputs: kernel(*inputs),
+                                    device.synchronize,
                                     first_ms, TimingSettings())
                 ours.append(timing.median_ms)
                 timer = torch_benchmark.Timer("kernel(*inputs)",
-                                              globals={"kernel": kernel, "inputs": inputs})
+                                              globals={"kernel": kernel, "inputs": inputs},
+                                              num_threads=torch.get_num_threads())
                 theirs.append(timer.blocked_autorange(min_run_time=0.4).median * 1e3)
             mine, reference = statistics.median(ours), statistics.median(theirs)
             rows.append(["x".join(map(str, shape)), name, f"{mine:.4g}", f"{reference:.4g}",

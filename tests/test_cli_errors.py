@@ -75,7 +75,9 @@ def test_export_without_results_says_run_sweep_first(tmp_path, monkeypatch, caps
          "devices must be among"),
     ],
 )
-def test_broken_plugins_in_a_real_process(tmp_path: Path, name: str, body: str, message: str) -> None:
+def test_broken_plugins_in_a_real_process(
+    tmp_path: Path, name: str, body: str, message: str
+) -> None:
     plugin = _bad_plugin(tmp_path, name, body)
     result = run_cli("sweep", "rmsnorm", "--plugin", plugin, cwd=tmp_path)
     assert result.returncode == 2

@@ -114,8 +114,9 @@ def test_exceptions_become_statuses() -> None:
 
 def test_record_round_trips_through_json() -> None:
     record = _trial("naive")
-    from fusionlab.records import TrialRecord
     import json
+
+    from fusionlab.records import TrialRecord
 
     again = TrialRecord.from_dict(json.loads(record.to_json()))
     assert again == record

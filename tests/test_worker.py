@@ -1,11 +1,12 @@
 """Isolation: a crashing or hanging variant is recorded and the worker is replaced."""
 
+from conftest import PLUGINS
+
 from fusionlab.records import Status
 from fusionlab.registry import load_plugin
 from fusionlab.timing import TimingSettings
 from fusionlab.trial import TrialTask
 from fusionlab.worker import TrialWorker
-from conftest import PLUGINS
 
 PLUGIN = str(PLUGINS / "misbehaving.py")
 

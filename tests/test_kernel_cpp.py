@@ -1,0 +1,154 @@
+"""Tests for the hand-written C++ RMSNorm CPU operator (fusionlab::rms_norm_cpu)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fusionlab.kernels.rmsnorm import cpu_cpp
+
+_UNAVAILABLE = cpu_cpp.unavailable_reason()
+pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")
+
+EPS = 1e-6
+OP_NAME = "fusionlab::rms_norm_cpu"
+# The kernel rounds its fp32 result once, so the error vs float64 is one unit roundoff of the
+# output type (2^-8 bf16, 2^-11 fp16) plus fp32 accumulation error (well under 1e-5 here).
+TOL = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-6},
+    torch.bfloat16: {"rtol": 2**-8 + 1e-5, "atol": 1e-6},
+    torch.float16: {"rtol": 2**-11 + 1e-5, "atol": 1e-6},
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def build_seconds(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Builds the extension once per session into a fresh cache directory."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FUSIONLAB_CACHE_DIR", str(tmp_path_factory.mktemp("fusionlab_cache")))
+        return cpu_cpp.load_extension()
+
+
+def make(
+    shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g).to(dtype)
+    weight = (1 + 0.5 * torch.randn(shape[-1], generator=g)).to(dtype)
+    return x, weight
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    xd = x.double()
+    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+
+
+def check(x: torch.Tensor, weight: torch.Tensor, rows_per_task: int = 4) -> None:
+    y = cpu_cpp.rms_norm_cpp(x, weight, EPS, rows_per_task)
+    assert y.dtype == x.dtype and y.shape == x.shape and y.is_contiguous()
+    torch.testing.assert_close(y.double(), reference(x, weight), **TOL[x.dtype])
+
+
+SHAPES = [(1, 4096), (1, 1), (5, 7), (3, 1000), (2, 4097), (3, 5, 96), (37, 130)]
+
+
+@pytest.mark.parametrize("rows_per_task", cpu_cpp.ROWS_PER_TASK_CHOICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_float64_reference(shape, dtype, rows_per_task):
+    check(*make(shape, dtype), rows_per_task)
+
+
+@pytest.mark.parametrize("shape", [(2, 4097), (3, 5, 96)], ids=["2x4097", "3x5x96"])
+def test_float16(shape):
+    check(*make(shape, torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_large_output_streaming_path(dtype):
+    # 8 MiB and up is written with non-temporal stores.
+    rows = (8 << 20) // (2048 * torch.empty((), dtype=dtype).element_size())
+    check(*make((rows, 2048), dtype, seed=1), rows_per_task=16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_non_contiguous_inputs(dtype):
+    base, _ = make((6, 8, 130), dtype, seed=2)
+    views = {
+        "transposed": base[0].t(),  # last-dim stride != 1: copied
+        "column slice": base[..., 3:103],  # uniform row stride, read in place
+        "row step": base[:, ::2],
+        "permuted": base.permute(1, 0, 2),  # rows not at a uniform stride: copied
+        "expanded": base[0, :1].expand(5, 130),  # row stride 0
+    }
+    for name, x in views.items():
+        assert not x.is_contiguous(), name
+        check(x, make(x.shape, dtype, seed=3)[1])
+
+
+def test_weight_dtype_is_converted():
+    x, weight = make((4, 300), torch.bfloat16)
+    check(x, weight.float())
+
+
+def test_empty_input():
+    x, weight = make((0, 64), torch.float32)
+    assert cpu_cpp.rms_norm_cpp(x, weight, EPS, 1).shape == (0, 64)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "weight", "eps", "rows_per_task", "match"),
+    [
+        ((4, 64), torch.ones(63), EPS, 1, "weight must be 1-D of size 64"),
+        ((4, 64), torch.ones(1, 64), EPS, 1, "weight must be 1-D"),
+        ((4, 64), torch.ones(64), -1.0, 1, "eps must be >= 0"),
+        ((4, 64), torch.ones(64), EPS, 0, "rows_per_task must be >= 1"),
+        ((4, 64), torch.ones(64, dtype=torch.float64), EPS, 1, "dtypes must be"),
+    ],
+)
+def test_rejects_bad_arguments(x_shape, weight, eps, rows_per_task, match):
+    with pytest.raises(RuntimeError, match=match):
+        cpu_cpp.rms_norm_cpp(torch.randn(x_shape), weight, eps, rows_per_task)
+
+
+def test_profiler_sees_one_op_record_per_call():
+    x, weight = make((64, 512), torch.float32)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            cpu_cpp.rms_norm_cpp(x, weight, EPS, 4)
+    assert [event.name for event in prof.events()] == [OP_NAME] * 3
+
+
+def test_load_is_once_per_process():
+    assert cpu_cpp.load_extension() == 0.0
+
+
+def test_missing_compiler_is_reported_not_raised(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-c++-compiler")
+    reason = cpu_cpp.unavailable_reason()
+    assert reason is not None and "no-such-c++-compiler" in reason
+
+
+def test_second_process_loads_from_cache():
+    (library,) = (
+        Path(p) for p in torch.ops.loaded_libraries if Path(p).name.startswith("rmsnorm_cpu_")
+    )
+    mtime = library.stat().st_mtime_ns
+    code = (
+        "import torch\n"
+        "from fusionlab.kernels.rmsnorm import cpu_cpp\n"
+        "print(cpu_cpp.load_extension())\n"
+        "print(*(p for p in torch.ops.loaded_libraries if 'rmsnorm_cpu_' in p))\n"
+    )
+    env = {**os.environ, "FUSIONLAB_CACHE_DIR": str(library.parents[2])}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    seconds, loaded = result.stdout.splitlines()
+    assert float(seconds) > 0.0
+    assert loaded == str(library)
+    assert library.stat().st_mtime_ns == mtime, "the cached library was rebuilt"
