@@ -58,18 +58,16 @@ def compare_timers(shapes: list[tuple[int, ...]], dtype: str, rounds: int) -> li
     return rows
 
 
-def sweep_overhead(shapes: str, dtype: str) -> tuple[float, float]:
+def sweep_overhead(shapes: str, dtype: str) -> tuple[float, float, int]:
     with tempfile.TemporaryDirectory() as folder:
         url = f"sqlite:///{Path(folder) / 'overhead.db'}"
         start = time.perf_counter()
         cells = sweep("rmsnorm", shapes, dtype, device="cpu", storage=url,
                       variants=["naive", "builtin"])
         wall = time.perf_counter() - start
-    measured = sum(
-        sum(r.timing.samples_ms) * r.timing.calls_per_sample / 1e3
-        for cell in cells for r in cell.records if r.timing
-    )
-    return wall, measured
+    records = [r for cell in cells for r in cell.records if r.timing]
+    measured = sum(sum(r.timing.samples_ms) * r.timing.calls_per_sample / 1e3 for r in records)
+    return wall, measured, len(records)
 
 
 def main() -> None:
@@ -85,9 +83,10 @@ def main() -> None:
                    tablefmt="simple", disable_numparse=True))
     ratios = [float(row[-1]) for row in rows]
     print(f"ratio range {min(ratios):.3f}-{max(ratios):.3f} (target 0.9-1.1)")
-    wall, measured = sweep_overhead(args.shapes, dtype)
-    print(f"sweep of naive,builtin at {args.shapes}: wall {wall:.2f} s, inside timed samples "
-          f"{measured:.2f} s, overhead x{wall / measured:.1f}")
+    wall, measured, trials = sweep_overhead(args.shapes, dtype)
+    print(f"sweep of naive,builtin at {args.shapes}: wall {wall:.2f} s for {trials} trials, "
+          f"{measured:.2f} s of it inside timed samples (wall / timed = {wall / measured:.1f}); "
+          f"{(wall - measured) / trials:.2f} s of harness work per trial, worker start included")
 
 
 if __name__ == "__main__":

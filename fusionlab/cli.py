@@ -64,7 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     export.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
 
-    commands.add_parser("list", help="ops and variants, and whether each runs here")
+    listing = commands.add_parser("list", help="ops and variants, and whether each runs here")
+    listing.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a Python file that registers variants (repeatable)",
+    )
 
     for name, text in (
         ("compare", "profile every variant side by side at one shape"),

@@ -29,7 +29,7 @@ def _progress(record: TrialRecord, index: int, total: int) -> None:
         timing = record.timing
         detail = (
             f"{timing.median_ms:.4g} ms ±{100 * timing.relative_iqr:.1f}%  "
-            f"first call {timing.first_call_ms:.4g} ms"
+            f"setup {record.setup_ms or 0:.4g} ms, first call {timing.first_call_ms:.4g} ms"
         )
     else:
         detail = f"{record.status.value.upper()}: {record.message}"
@@ -109,7 +109,7 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    api.load_user_variants([])
+    api.load_user_variants(args.plugin)
     here = {d: unavailable_reason(d) for d in DEVICE_TYPES}
     rows = []
     for op in op_names():

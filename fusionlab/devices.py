@@ -45,12 +45,15 @@ class Device:
         """Extra profiler arguments: on Neuron, the NeuronConfig that writes the device profile."""
         if self.type != "neuron" or trace_dir is None:
             return {}
-        from torch_neuronx.profiling import NeuronConfig, ProfileMode  # lazy: Neuron SDK only
+        # Lazy: Neuron SDK only (tools/neuron-explorer/how-to-profile-pytorch).
+        from torch_neuronx.profiling import NeuronConfig, NeuronProfiler, ProfileMode
 
+        config = NeuronConfig(
+            modes=[ProfileMode.DEVICE, ProfileMode.RUNTIME], profile_output_dir=trace_dir
+        )
         return {
-            "experimental_config": NeuronConfig(
-                modes=[ProfileMode.DEVICE, ProfileMode.RUNTIME], profile_output_dir=trace_dir
-            )
+            "experimental_config": config,
+            "on_trace_ready": NeuronProfiler(config).export_trace,
         }
 
     @property

@@ -192,7 +192,13 @@ def fusion_accounting(prof: profile, device: Device) -> Fusion:
     )
     if not markers:
         raise RuntimeError("the profiler recorded no calls")
-    device_events = [e for e in events if e.device_type in device.event_device_types]
+    # Zero-length device events are what a backend hands back when it keeps the real trace to
+    # itself (TorchNeuron may): they are no measurement.
+    device_events = [
+        e
+        for e in events
+        if e.device_type in device.event_device_types and e.time_range.end > e.time_range.start
+    ]
     allocations = _memory_records(prof, device)
     use_device_events = bool(device.event_device_types) and bool(device_events)
     calls = []

@@ -75,6 +75,9 @@ class TrialWorker:
             status, message = Status.TIMEOUT, f"no result within {timeout_s:g} s; worker killed"
         except (EOFError, ConnectionError):
             status, message = Status.CRASHED, self._death_message()
+        except KeyboardInterrupt:
+            self._discard()  # the trial in flight is abandoned, not awaited
+            raise
         self._discard()
         tail = self._log_tail(log_offset)
         return TrialRecord(

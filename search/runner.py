@@ -157,7 +157,12 @@ class Sweep:
 
     def run(self) -> list[CellResult]:
         """Measure every cell; Ctrl-C stops cleanly and keeps what was measured."""
-        cells = [self._open_cell(s, d) for s in self.plan.shapes for d in self.plan.dtypes]
+        cells = [
+            self._open_cell(shape, dtype)
+            for shape in self.plan.shapes
+            for dtype in self.plan.dtypes
+            if cell_variants(self.plan, dtype)  # a dtype no chosen variant supports has no cell
+        ]
         self._total = sum(cell.pending() for cell in cells)
         modules = sorted(
             {v.factory.__module__ for d in self.plan.dtypes for v in cell_variants(self.plan, d)}

@@ -4,8 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from fusionlab.devices import Device
+from fusionlab.investigate import summary_rows
+from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+from fusionlab.profiling import ProfilerSettings, fusion_accounting, profile_calls
 from fusionlab.records import Status, TrialRecord
+from fusionlab.registry import get_op
 from fusionlab.timing import TimingSettings
 from fusionlab.trial import TrialTask, run_trial
 
@@ -68,3 +74,19 @@ def test_compiled_is_exactly_one_compiled_region_per_call(shape, tmp_path: Path)
     _check_accounting(record)
     assert any(n.startswith("Torch-Compiled Region") for n in _trace_names(record.trace_file))
     assert record.timing.first_call_ms > record.timing.median_ms  # compile time stays apart
+
+
+def test_missing_device_events_are_reported_not_printed_as_zeros(tmp_path: Path) -> None:
+    """A FAKE Neuron device: no Trainium exists here, so a real CPU profile is read as if it came
+    from a `neuron` run whose backend handed no device events back to torch.profiler."""
+    spec = get_op("rmsnorm")
+    inputs = spec.make_inputs((8, 64), torch.float32, torch.device("cpu"), 0)
+    prof = profile_calls(lambda: naive_rmsnorm(*inputs), Device("cpu"), ProfilerSettings())
+    fusion = fusion_accounting(prof, Device("neuron"))
+    assert fusion.device_time_us is None and fusion.idle_us is None and fusion.span_us is None
+    assert "no neuron device events" in fusion.note
+    assert fusion.device_ops == 6  # launches are still counted, on the host
+    record = _profiled("naive", (8, 64), tmp_path)
+    record.fusion = fusion
+    (row,) = summary_rows([record], "naive")
+    assert row["device us/call"] == "-" and row["idle us (of span)"] == "-"

@@ -23,6 +23,11 @@
 #define FUSIONLAB_CAN_STREAM 0
 #endif
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
 namespace {
 
 using fVec = at::vec::Vectorized<float>;
@@ -42,7 +47,26 @@ inline void load_block(const T* p, fVec& lo, fVec& hi) {
 // Outputs at least this big are written with non-temporal stores: they would not stay in a
 // core's caches anyway, and streaming skips the read-for-ownership of y and leaves x's row
 // cached for the second pass. Measured on Zen 4: up to ~2x faster from 8 MiB, slower below 2 MiB.
+// Only when y's pages are already mapped, though (see output_pages_mapped).
 constexpr int64_t kStreamMinBytes = int64_t{8} << 20;
+
+// Whether the memory behind [p, p + bytes) has already been touched. Allocations too big for the
+// malloc heap (glibc: over 32 MiB) come fresh from mmap, so every first store to a page faults
+// and the kernel zeroes that page through the cache: the read-for-ownership that streaming saves
+// is already paid, and non-temporal stores then only evict the just-zeroed lines (measured 3-8%
+// slower than plain stores at 32-128 MiB fp32, where the faults bound both). One page near the
+// end decides: the first may hold the allocator's header, and a reused heap block is resident.
+bool output_pages_mapped(const void* p, int64_t bytes) {
+#if defined(__linux__)
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto last = (reinterpret_cast<std::uintptr_t>(p) + bytes - 1) & ~(page - 1);
+  unsigned char resident = 0;
+  if (mincore(reinterpret_cast<void*>(last), page, &resident) == 0) {
+    return (resident & 1) != 0;
+  }
+#endif
+  return true;  // unknown: keep streaming, the right call for a reused buffer
+}
 
 // Non-temporal store of one vector to a vector-aligned address.
 template <typename V>
@@ -241,8 +265,9 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool vector_aligned = reinterpret_cast<std::uintptr_t>(y_ptr) % 64 == 0 &&
                                 hidden * static_cast<int64_t>(sizeof(scalar_t)) % 64 == 0;
-    const bool stream = FUSIONLAB_CAN_STREAM && vector_aligned &&
-                        static_cast<int64_t>(y.nbytes()) >= kStreamMinBytes;
+    const int64_t y_bytes = static_cast<int64_t>(y.nbytes());
+    const bool stream = FUSIONLAB_CAN_STREAM && vector_aligned && y_bytes >= kStreamMinBytes &&
+                        output_pages_mapped(y_ptr, y_bytes);
     (stream ? rms_norm_rows<true, scalar_t> : rms_norm_rows<false, scalar_t>)(
         x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
