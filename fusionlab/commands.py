@@ -69,8 +69,8 @@ def sweep(args: argparse.Namespace) -> int:
         args.quick,
         **options,
     )
+    export_format = export.format_for(args.export) if args.export else None
     if args.export:
-        export.format_for(args.export)
         export.check_writable(args.export)
     url = args.storage or DEFAULT_STORAGE
     storage = open_storage(url)
@@ -83,7 +83,7 @@ def sweep(args: argparse.Namespace) -> int:
     if args.export:
         meta = {"op": args.op, "storage": url, "torch": torch.__version__}
         export.write(
-            args.export, export.render(best_rows(cells), export.format_for(args.export), meta)
+            args.export, export.render(best_rows(cells), export_format, meta)
         )
         _say(f"wrote {args.export}")
     if runner.interrupted:
@@ -94,8 +94,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     url = args.storage or DEFAULT_STORAGE
-    fmt = export.format_for(args.output, args.format) if args.output else (args.format or "md")
-    export.format_for("", fmt)
+    fmt = export.format_for(args.output, args.format)
     if args.output:
         export.check_writable(args.output)
     cells = api.stored_cells(args.op, url)

@@ -26,14 +26,16 @@ _SUFFIXES = {
 }
 
 
-def format_for(path: str, requested: str | None = None) -> str:
-    """The format to write: the one asked for, else the file's extension."""
+def format_for(path: str | None, requested: str | None = None) -> str:
+    """The format to write: the one asked for, else the file's extension, else md."""
     if requested is not None:
         if requested not in FORMATS:
             raise UserError(
                 f"unknown export format {requested!r}: choose from {', '.join(FORMATS)}"
             )
         return requested
+    if path is None:
+        return "md"
     fmt = _SUFFIXES.get(Path(path).suffix.lower())
     if fmt is None:
         raise UserError(

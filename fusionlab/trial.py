@@ -47,6 +47,22 @@ class TrialTask:
     profile_table_rows: int = 0
     trace_dir: str | None = None
 
+    def new_record(self, status: Status, message: str = "") -> TrialRecord:
+        """A record for this task with no measurement in it yet."""
+        return TrialRecord(
+            op=self.op,
+            variant=self.variant,
+            params=dict(self.params),
+            device=self.device,
+            device_name=self.device_name,
+            shape=list(self.shape),
+            dtype=self.dtype,
+            status=status,
+            message=message,
+            torch_version=torch.__version__,
+            seed=self.seed,
+        )
+
 
 class _Failed(Exception):
     def __init__(self, status: Status, message: str) -> None:
@@ -67,18 +83,7 @@ def _is_compile_error(error: BaseException) -> bool:
 
 def run_trial(task: TrialTask) -> TrialRecord:
     """Measure one configuration; failures become statuses, never exceptions."""
-    record = TrialRecord(
-        op=task.op,
-        variant=task.variant,
-        params=dict(task.params),
-        device=task.device,
-        device_name=task.device_name,
-        shape=list(task.shape),
-        dtype=task.dtype,
-        status=Status.PASSED,
-        torch_version=torch.__version__,
-        seed=task.seed,
-    )
+    record = task.new_record(Status.PASSED)
     try:
         _measure(task, record)
     except _Failed as failure:

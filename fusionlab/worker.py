@@ -80,18 +80,7 @@ class TrialWorker:
             raise
         self._discard()
         tail = self._log_tail(log_offset)
-        return TrialRecord(
-            op=task.op,
-            variant=task.variant,
-            params=dict(task.params),
-            device=task.device,
-            device_name=task.device_name,
-            shape=list(task.shape),
-            dtype=task.dtype,
-            status=status,
-            message=f"{message}{'; last output: ' + tail if tail else ''}",
-            seed=task.seed,
-        )
+        return task.new_record(status, f"{message}{'; last output: ' + tail if tail else ''}")
 
     def _death_message(self) -> str:
         assert self._process is not None
