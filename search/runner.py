@@ -181,18 +181,31 @@ class Sweep:
 
     def _run_cell(self, cell: _Cell, worker: TrialWorker) -> None:
         if cell.exhaustive():
-            measured = cell.measured()
             for config in cell.valid:
-                if config.key not in measured:
-                    cell.study.enqueue_trial(cell.space.enqueue_params(config))
-                    self._measure(cell, worker, cell.study.ask())
+                self._measure_config(cell, worker, config)
             return
         budget = cell.pending()
-        attempts = 0
-        while budget > 0 and attempts < 4 * self.plan.trials:
+        # Every variant is measured at least once (its first valid configuration) before TPE
+        # spends the rest of the budget, so baselines are never left out by chance.
+        first_of_each = {config.variant: config for config in reversed(cell.valid)}
+        for config in list(first_of_each.values())[:budget]:
+            budget -= self._measure_config(cell, worker, config)
+        attempts = 0  # asks that are rejected or duplicates measure nothing and are cheap
+        while budget > 0 and attempts < 50 * self.plan.trials:
             attempts += 1
             if self._step_tpe(cell, worker):
                 budget -= 1
+
+    def _measure_config(self, cell: _Cell, worker: TrialWorker, config: Config) -> bool:
+        """Measure exactly this configuration unless it is stored already."""
+        if config.key in cell.measured():
+            return False
+        cell.study.enqueue_trial(cell.space.enqueue_params(config))
+        trial = cell.study.ask()
+        # Suggesting records the enqueued values as the trial's params, which TPE learns from.
+        assert cell.space.suggest(trial) == config
+        self._measure(cell, worker, trial, config)
+        return True
 
     def _step_tpe(self, cell: _Cell, worker: TrialWorker) -> bool:
         """One TPE suggestion; returns whether it led to a new measurement."""
@@ -217,9 +230,8 @@ class Sweep:
         return True
 
     def _measure(
-        self, cell: _Cell, worker: TrialWorker, trial: optuna.Trial, config: Config | None = None
+        self, cell: _Cell, worker: TrialWorker, trial: optuna.Trial, config: Config
     ) -> None:
-        config = config or cell.space.suggest(trial)
         task = TrialTask(
             op=self.plan.op,
             variant=config.variant,

@@ -27,13 +27,14 @@ def big_space(device_type: str, unroll: int, scale: int):
 
 def test_tpe_budget_rejections_and_resume(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'tpe.db'}"
-    options = {"variants": ["test-big-space"], "trials": 6, "timing": FAST, "seed": 1}
+    options = {"variants": ["naive", "test-big-space"], "trials": 7, "timing": FAST, "seed": 1}
     cells = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url, **options)
     (cell,) = cells
-    assert len(cell.records) == 6  # the budget is new measurements
-    assert all(r.params["unroll"] % 2 == 0 for r in cell.records)
-    keys = {(r.params["unroll"], r.params["scale"]) for r in cell.records}
-    assert len(keys) == 6
+    assert len(cell.records) == 7  # the budget is new measurements
+    assert [r.variant for r in cell.records].count("naive") == 1  # every variant runs once
+    big = [r for r in cell.records if r.variant == "test-big-space"]
+    assert all(r.params["unroll"] % 2 == 0 for r in big)
+    assert len({(r.params["unroll"], r.params["scale"]) for r in big}) == 6
     study = optuna.load_study(study_name=study_name("rmsnorm", cell.device_name, (2, 32),
                                                     "float32"), storage=url)
     rejected = [t for t in study.trials if "rejected" in t.user_attrs]
@@ -41,7 +42,7 @@ def test_tpe_budget_rejections_and_resume(tmp_path: Path) -> None:
     assert all(t.params["test-big-space.unroll"] % 2 for t in rejected)
 
     again = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url, **options)
-    assert len(again[0].records) == 6
+    assert len(again[0].records) == 7
 
 
 def test_exhaustive_cell_measures_every_valid_config_once(tmp_path: Path) -> None:
@@ -55,3 +56,12 @@ def test_exhaustive_cell_measures_every_valid_config_once(tmp_path: Path) -> Non
         ("naive", ()),
     ]
     assert all(r.passed for r in cell.records)
+
+
+def test_enqueued_trials_record_their_params(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'params.db'}"
+    (cell,) = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url,
+                    variants=["naive"], timing=FAST)
+    study = optuna.load_study(study_name=study_name("rmsnorm", cell.device_name, (2, 32),
+                                                    "float32"), storage=url)
+    assert [t.params for t in study.trials] == [{"variant": "naive"}]
