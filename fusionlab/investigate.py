@@ -258,7 +258,8 @@ def profile_command(args: argparse.Namespace) -> int:
     if record.timing is not None:
         timing = record.timing
         print(
-            f"first call {timing.first_call_ms:.4g} ms (compile/build included); "
+            f"setup {record.setup_ms or 0:.4g} ms and first call {timing.first_call_ms:.4g} ms "
+            "(build and compile live there); "
             f"{len(timing.samples_ms)} samples of {timing.calls_per_sample} calls: median "
             f"{timing.median_ms:.4g} ms, IQR {timing.q1_ms:.4g}-{timing.q3_ms:.4g} ms, "
             f"CV {100 * timing.cv:.1f}%"
