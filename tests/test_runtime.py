@@ -5,7 +5,7 @@ from pathlib import Path
 import torch
 
 from fusionlab import Dispatcher, sweep
-from fusionlab.registry import get_op
+from fusionlab.registry import get_op, get_variant
 from fusionlab.timing import TimingSettings
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
@@ -30,3 +30,19 @@ def test_dispatcher_uses_the_stored_winner(tmp_path: Path) -> None:
         inputs = spec.make_inputs(shape, torch.float32, torch.device("cpu"), 5)
         torch.testing.assert_close(dispatch(*inputs).double(), spec.reference(inputs),
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_many_compiled_kernels_never_fall_back_to_eager() -> None:
+    variant = get_variant("rmsnorm", "compiled")
+    spec = get_op("rmsnorm")
+    kernels = []
+    for rows in range(1, 11):  # more shapes than dynamo's recompile limit of 8
+        kernel = variant.factory("cpu", mode="default", dynamic=False)
+        inputs = spec.make_inputs((rows, 32), torch.float32, torch.device("cpu"), rows)
+        kernel(*inputs)
+        kernels.append((kernel, inputs))
+    last, inputs = kernels[-1]
+    with torch.profiler.profile() as prof:
+        last(*inputs)
+    assert any(e.name.startswith("Torch-Compiled Region") for e in prof.events())
+    assert not any(e.name == "aten::mul" for e in prof.events())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
@@ -62,4 +63,8 @@ def compiled(device_type: str, mode: str, dynamic: bool) -> Kernel:
     options: dict[str, Any] = {"dynamic": dynamic}
     if backend == "inductor":
         options["mode"] = mode
-    return torch.compile(naive_rmsnorm, backend=backend, **options)
+    # Dynamo keeps its compiled graphs, and its recompile limit, per code object: a private copy
+    # of the code keeps each kernel's graphs apart, so many shapes never push one past the limit
+    # into a silent eager fallback.
+    private = types.FunctionType(naive_rmsnorm.__code__.replace(), naive_rmsnorm.__globals__)
+    return torch.compile(private, backend=backend, **options)
