@@ -59,6 +59,7 @@ def load_cells(storage: BaseStorage, op: str) -> list[CellResult]:
     for study in storage.get_all_studies():
         if study.user_attrs.get("op") != op:
             continue
-        trials = storage.get_all_trials(study._study_id, deepcopy=False)
+        study_id = storage.get_study_id_from_name(study.study_name)
+        trials = storage.get_all_trials(study_id, deepcopy=False)
         cells.append(cell_from_trials(study.user_attrs, trials))
     return cells
