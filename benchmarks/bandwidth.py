@@ -56,7 +56,6 @@ def _contenders(shape, dtype, device: Device, inputs) -> dict[str, Callable[[], 
         for params in variant.configurations():
             if variant.rejects(shape, params, device.type):
                 continue
-            torch._dynamo.reset()  # each config compiles afresh, never past the recompile limit
             kernel = variant.factory(device.type, **params)
             check_output(kernel(*inputs), reference, x, spec.tolerance(x.dtype))
             label = variant.name + "".join(f" {k}={v}" for k, v in params.items())
@@ -70,7 +69,6 @@ def measure(shape, dtype: str, device: Device, rounds: int) -> dict[str, float]:
     calls = _contenders(shape, dtype, device, inputs)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
-        torch._dynamo.reset()
         for name, call in calls.items():
             samples[name].append(_median_ms(call, device))
     return {name: statistics.median(values) for name, values in samples.items()}

@@ -73,20 +73,16 @@ class _Cell:
     space: CellSpace
     valid: list[Config]
     finite: bool
-
-    def measured(self) -> dict[str, optuna.trial.FrozenTrial]:
-        return {
-            t.user_attrs["config"]: t
-            for t in self.study.get_trials(deepcopy=False)
-            if "record" in t.user_attrs and not t.user_attrs.get("duplicate")
-        }
+    # The value stored for every configuration measured in this cell (None: it failed); read
+    # from storage once, then kept up to date as trials end.
+    done: dict[str, float | None]
 
     def exhaustive(self) -> bool:
         return self.finite and len(self.valid) <= self.plan.exhaustive_limit
 
     def pending(self) -> int:
         """How many new measurements this cell will make (an upper bound under TPE)."""
-        done = len(self.measured())
+        done = len(self.done)
         if self.exhaustive():
             return max(0, len(self.valid) - done)
         return max(
@@ -153,6 +149,11 @@ class Sweep:
             CellSpace(variants, study),
             valid,
             all(v.is_finite() for v in variants),
+            {
+                t.user_attrs["config"]: t.value
+                for t in study.get_trials(deepcopy=False)
+                if "record" in t.user_attrs and not t.user_attrs.get("duplicate")
+            },
         )
 
     def run(self) -> list[CellResult]:
@@ -198,12 +199,13 @@ class Sweep:
 
     def _measure_config(self, cell: _Cell, worker: TrialWorker, config: Config) -> bool:
         """Measure exactly this configuration unless it is stored already."""
-        if config.key in cell.measured():
+        if config.key in cell.done:
             return False
         cell.study.enqueue_trial(cell.space.enqueue_params(config))
         trial = cell.study.ask()
         # Suggesting records the enqueued values as the trial's params, which TPE learns from.
-        assert cell.space.suggest(trial) == config
+        if cell.space.suggest(trial) != config:
+            raise RuntimeError(f"Optuna did not replay the enqueued configuration {config.key}")
         self._measure(cell, worker, trial, config)
         return True
 
@@ -217,14 +219,14 @@ class Sweep:
             trial.set_user_attr("rejected", reason)
             cell.study.tell(trial, state=TrialState.PRUNED)
             return False
-        previous = cell.measured().get(config.key)
-        if previous is not None:
+        if config.key in cell.done:
             trial.set_user_attr("duplicate", True)
             trial.set_user_attr("config", config.key)
-            if previous.state == TrialState.COMPLETE:
-                cell.study.tell(trial, previous.value)
-            else:
+            previous = cell.done[config.key]
+            if previous is None:
                 cell.study.tell(trial, state=TrialState.FAIL)
+            else:
+                cell.study.tell(trial, previous)
             return False
         self._measure(cell, worker, trial, config)
         return True
@@ -252,9 +254,11 @@ class Sweep:
             raise
         trial.set_user_attr("config", config.key)
         trial.set_user_attr("record", record.to_dict())
-        if record.passed:
-            cell.study.tell(trial, record.timing.median_ms)  # type: ignore[union-attr]
-        else:
+        value = record.timing.median_ms if record.passed and record.timing else None
+        if value is None:
             cell.study.tell(trial, state=TrialState.FAIL)
+        else:
+            cell.study.tell(trial, value)
+        cell.done[config.key] = value
         self._done += 1
         self.progress(record, self._done, max(self._total, self._done))
