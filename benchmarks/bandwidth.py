@@ -25,11 +25,11 @@ import torch
 from tabulate import tabulate
 
 from fusionlab.api import DEFAULT_SHAPES
-from fusionlab.correctness import check_output
 from fusionlab.devices import Device, resolve_device
+from fusionlab.measure.correctness import check_output
+from fusionlab.measure.timing import TimingSettings, time_calls, timed_once
 from fusionlab.registry import get_op, variants_of
 from fusionlab.shapes import format_shape, parse_dtypes, parse_shapes, torch_dtype
-from fusionlab.timing import TimingSettings, time_calls, timed_once
 
 SHAPES = DEFAULT_SHAPES + ",2048x4096,4x2048x4096"
 SETTINGS = TimingSettings(budget_s=0.3, min_samples=10)

@@ -21,9 +21,9 @@ from tabulate import tabulate
 
 from fusionlab import sweep
 from fusionlab.devices import Device
+from fusionlab.measure.timing import TimingSettings, time_calls, timed_once
 from fusionlab.registry import get_op, variants_of
 from fusionlab.shapes import parse_dtype, parse_shapes, torch_dtype
-from fusionlab.timing import TimingSettings, time_calls, timed_once
 
 CONFIGS = [("naive", {}), ("builtin", {}), ("compiled", {"mode": "default", "dynamic": False}),
            ("cpp", {"rows_per_task": 16})]

@@ -1,15 +1,20 @@
 """fusionlab: which lowering of a normalization kernel is fastest on your device - and why."""
 
-from fusionlab.api import make_plan, stored_cells, sweep
+from fusionlab.api import stored_cells, sweep
+from fusionlab.op import OpSpec, Tolerance
+from fusionlab.plan import make_plan
 from fusionlab.records import Status, TrialRecord
-from fusionlab.registry import register_variant
+from fusionlab.registry import register_op, register_variant
 from fusionlab.runtime import Dispatcher
 
 __all__ = [
     "Dispatcher",
+    "OpSpec",
     "Status",
+    "Tolerance",
     "TrialRecord",
     "make_plan",
+    "register_op",
     "register_variant",
     "stored_cells",
     "sweep",

@@ -15,22 +15,41 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fusionlab: {message} (see fusionlab {self.prog.split()[-1]} --help)\n")
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("op", help="the op, e.g. rmsnorm (see fusionlab list)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or neuron (default auto)")
+def _add_plugin(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin",
         action="append",
         default=[],
         metavar="FILE",
-        help="a Python file that registers variants (repeatable)",
+        help="a Python file that registers ops or variants (repeatable)",
     )
+
+
+def _add_ranking(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rank-by",
+        choices=("cold", "warm"),
+        default="cold",
+        help="rank by the cache-cold median (default) or the warm one",
+    )
+    parser.add_argument(
+        "--calls",
+        type=int,
+        metavar="N",
+        help="rank by first use (build + compile + first call) + N x latency",
+    )
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("op", help="the op, e.g. rmsnorm (see fusionlab list)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or neuron (default auto)")
+    _add_plugin(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
     parser.add_argument(
         "--timeout",
         type=float,
-        default=300.0,
-        help="seconds one trial may take, compile included (default 300)",
+        help="seconds one trial may take, compile included (default: the device's, 300 on "
+        "cpu and cuda, 1800 on neuron)",
     )
 
 
@@ -55,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--export", metavar="FILE", help="also write the table (format by extension)"
     )
+    _add_ranking(sweep)
 
     export = commands.add_parser("export", help="render stored results without measuring")
     export.add_argument("op")
@@ -63,15 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     export.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
+    _add_plugin(export)
+    _add_ranking(export)
 
     listing = commands.add_parser("list", help="ops and variants, and whether each runs here")
-    listing.add_argument(
-        "--plugin",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a Python file that registers variants (repeatable)",
-    )
+    _add_plugin(listing)
 
     for name, text in (
         ("compare", "profile every variant side by side at one shape"),

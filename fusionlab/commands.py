@@ -8,58 +8,78 @@ import sys
 import torch
 from tabulate import tabulate
 
-from fusionlab import api, export, investigate
-from fusionlab.devices import DEVICE_TYPES, unavailable_reason
+from fusionlab import plan as planning
+from fusionlab.devices import device_types, unavailable_reason
 from fusionlab.records import TrialRecord
-from fusionlab.registry import op_names, variants_of
-from fusionlab.results import CellResult
+from fusionlab.registry import get_op, op_names, variants_of
+from fusionlab.report import export, investigate
+from fusionlab.report.tables import best_rows, display_rows
+from fusionlab.search.results_store import CellResult, load_cells
 from fusionlab.search.runner import Sweep
 from fusionlab.search.storage import DEFAULT_STORAGE, describe, open_storage
 from fusionlab.shapes import format_shape
-from fusionlab.tables import best_rows, display_rows
+from fusionlab.toolchain import describe_difference
+
+RANKING_NOTE = (
+    "ranked by the {mode} median ({why}); contenders within 10% were re-measured in 5 "
+    "interleaved rounds: runner-up/winner with a 95% bootstrap interval, a tie when the interval "
+    "reaches 1.03, ties go to the simpler lowering (builtin, baseline, compiled, custom), then "
+    "the lower first-use cost. % copy = achieved GB/s over this device's copy bandwidth at the "
+    "same size, measured in this run (fresh output with allocation / into an existing buffer)."
+)
+_WHY = {
+    "cold": "inputs rotated past the last-level cache, as an op meets them inside a model",
+    "warm": "two input sets that stay in cache: the best case, asked for with --rank-by warm",
+}
 
 
-def _say(text: str) -> None:
+def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
 def _progress(record: TrialRecord, index: int, total: int) -> None:
-    where = f"[{index}/{total}] {format_shape(tuple(record.shape))} {record.dtype:<8}"
+    where = f"[{index}/{total}] {format_shape(record.shape)} {record.dtype:<8}"
     if record.passed and record.timing is not None:
-        timing = record.timing
+        cold = f", cold {record.cold.median_ms:.4g} ms" if record.cold is not None else ""
         detail = (
-            f"{timing.median_ms:.4g} ms ±{100 * timing.relative_iqr:.1f}%  "
-            f"setup {record.setup_ms or 0:.4g} ms, first call {timing.first_call_ms:.4g} ms"
+            f"warm {record.timing.median_ms:.4g} ms ±{100 * record.timing.relative_iqr:.1f}%"
+            f"{cold}  first use {record.first_use_ms or 0:.4g} ms"
         )
     else:
         detail = f"{record.status.value.upper()}: {record.message}"
-    _say(f"{where} {record.config_label():<48} {detail}")
+    say(f"{where} {record.config_label():<44} {detail}")
 
 
-def _print_table(cells: list[CellResult]) -> None:
-    devices = sorted({cell.device_name for cell in cells})
-    shown = display_rows(best_rows(cells), with_device=len(devices) > 1)
+def print_table(cells: list[CellResult], op: str, mode: str, calls: int | None) -> None:
+    devices = sorted({cell.cell.device_name for cell in cells})
+    rows = best_rows(cells, mode, calls)
+    shown = display_rows(rows, op, with_device=len(devices) > 1)
     print(tabulate(shown, headers="keys", tablefmt="simple", disable_numparse=True))
-    failures = [r for cell in cells for r in cell.failures()]
-    for record in failures:
-        print(
-            f"  failed: {format_shape(tuple(record.shape))} {record.dtype} "
-            f"{record.config_label()}: {record.status.value}: {record.message[:160]}"
-        )
-    print(
-        "median ms over synchronised samples; IQR % = interquartile range / median; "
-        "tie = the fastest two IQRs overlap; ops/call and idle % from torch.profiler"
-    )
+    for row in rows:
+        if row.get("reason"):
+            print(f"  {row['shape']} {row['dtype']}: {row['reason']}")
+    for cell in cells:
+        for record in cell.failures():
+            print(
+                f"  failed: {cell.cell.label} {record.config_label()}: "
+                f"{record.status.value}: {record.message[:160]}"
+            )
+    note = RANKING_NOTE.format(mode=mode, why=_WHY[mode])
+    if calls is not None:
+        note = f"ranked by first use + {calls} x {mode} latency (--calls); " + note
+    print(note)
 
 
-def sweep(args: argparse.Namespace) -> int:
+def _plan(args: argparse.Namespace) -> planning.SweepPlan:
     options = {
         "fresh": args.fresh,
         "trials": args.trials,
         "timeout_s": args.timeout,
         "seed": args.seed,
+        "rank_by": args.rank_by,
+        "calls": args.calls,
     }
-    plan = api.make_plan(
+    return planning.make_plan(
         args.op,
         args.shapes,
         args.dtypes,
@@ -69,27 +89,52 @@ def sweep(args: argparse.Namespace) -> int:
         args.quick,
         **options,
     )
+
+
+def sweep(args: argparse.Namespace) -> int:
+    plan = _plan(args)
     export_format = export.format_for(args.export) if args.export else None
     if args.export:
         export.check_writable(args.export)
     url = args.storage or DEFAULT_STORAGE
     storage = open_storage(url)
-    runner = Sweep(plan, storage, _progress)
-    _say(f"{args.op} on {plan.device.type}: {runner.device_name}, torch {torch.__version__}")
-    _say(describe(url))
+    runner = Sweep(plan, storage, _progress, say)
+    say(
+        f"{args.op} on {plan.device.type}: {plan.device.hardware_name()}, torch {torch.__version__}"
+    )
+    say(describe(url))
     cells = runner.run()
     print()
-    _print_table(cells)
+    print_table(cells, args.op, plan.rank_by, plan.calls)
     if args.export:
-        meta = {"op": args.op, "storage": url, "torch": torch.__version__}
+        meta = {"op": args.op, "storage": url, "ranked_by": plan.rank_by}
         export.write(
-            args.export, export.render(best_rows(cells), export_format, meta)
+            args.export,
+            export.render(best_rows(cells, plan.rank_by, plan.calls), export_format, meta),
         )
-        _say(f"wrote {args.export}")
+        say(f"wrote {args.export}")
     if runner.interrupted:
-        _say("interrupted: everything measured so far is stored; run the same command to resume")
+        say("interrupted: everything measured so far is stored; run the same command to resume")
         return 130
     return 0
+
+
+def _stale_notes(cells: list[CellResult], op: str) -> list[str]:
+    """One line per stored toolchain that differs from the installed one."""
+    notes = []
+    installed = {}
+    for cell in cells:
+        device = cell.cell.device
+        if device not in installed and unavailable_reason(device) is None:
+            installed[device] = planning.installed_toolchain(op, device)
+        current = installed.get(device)
+        if current is not None and current != cell.cell.toolchain:
+            notes.append(
+                f"{cell.cell.label} on {cell.cell.device_name} was measured with another "
+                f"toolchain ({describe_difference(cell.cell.toolchain, current)}); run "
+                f"`fusionlab sweep {op}` to measure it with the installed one"
+            )
+    return sorted(set(notes))
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -97,19 +142,24 @@ def export_command(args: argparse.Namespace) -> int:
     fmt = export.format_for(args.output, args.format)
     if args.output:
         export.check_writable(args.output)
-    cells = api.stored_cells(args.op, url)
-    text = export.render(best_rows(cells), fmt, {"op": args.op, "storage": url})
+    planning.load_user_variants(args.plugin)
+    get_op(args.op)
+    cells = load_cells(open_storage(url, must_exist=True), args.op)
+    for note in _stale_notes(cells, args.op):
+        say(f"note: {note}")
+    meta = {"op": args.op, "storage": url, "ranked_by": args.rank_by}
+    text = export.render(best_rows(cells, args.rank_by, args.calls), fmt, meta)
     if args.output:
         export.write(args.output, text)
-        _say(f"wrote {args.output} ({len(cells)} rows)")
+        say(f"wrote {args.output} ({len(cells)} rows)")
     else:
         sys.stdout.write(text)
     return 0
 
 
 def list_command(args: argparse.Namespace) -> int:
-    api.load_user_variants(args.plugin)
-    here = {d: unavailable_reason(d) for d in DEVICE_TYPES}
+    planning.load_user_variants(args.plugin)
+    here = {d: unavailable_reason(d) for d in device_types()}
     rows = []
     for op in op_names():
         for variant in variants_of(op).values():
@@ -124,13 +174,15 @@ def list_command(args: argparse.Namespace) -> int:
                 )
                 or "-"
             )
-            rows.append([op, variant.name, variant.description, tunables, "\n".join(status)])
+            rows.append(
+                [op, variant.name, variant.kind, variant.description, tunables, "\n".join(status)]
+            )
     print(
         tabulate(
             rows,
-            headers=["op", "variant", "what", "tunables", "runs here"],
+            headers=["op", "variant", "kind", "what", "tunables", "runs here"],
             tablefmt="grid",
-            maxcolwidths=[None, None, 40, 40, 60],
+            maxcolwidths=[None, None, None, 40, 40, 60],
         )
     )
     return 0

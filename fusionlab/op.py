@@ -1,12 +1,19 @@
-"""The op spec: what defines an operation independently of any lowering."""
+"""The op contract: what defines an operation independently of any lowering.
+
+An op names its inputs and outputs; a variant's kernel takes the inputs in that order and returns
+the outputs (one tensor when the op has one output, else a tuple in `outputs` order). The gate,
+the trial, the tables, compare/profile and the Dispatcher work from this spec alone.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+Shape = tuple[int, ...]
 Inputs = tuple[object, ...]
 
 
@@ -18,17 +25,53 @@ class Tolerance:
     rtol: float
 
 
+def key_of_first_input(inputs: Sequence[object]) -> tuple[Shape, torch.dtype]:
+    """The dispatch key of most norms: the first input's shape and dtype."""
+    first = inputs[0]
+    assert isinstance(first, torch.Tensor)
+    return tuple(first.shape), first.dtype
+
+
+def nearest_rows_same_hidden(shape: Shape, candidates: Sequence[Shape]) -> Shape | None:
+    """Among measured shapes with the same last (hidden) dim, the one with the nearest row count."""
+    rows = math.prod(shape[:-1])
+    same = [c for c in candidates if len(c) >= 1 and c[-1] == shape[-1]]
+    if not same or not shape:
+        return None
+    return min(same, key=lambda c: abs(math.log(max(math.prod(c[:-1]), 1) / max(rows, 1))))
+
+
+def last_dim_norm_shape_error(shape: Shape) -> str | None:
+    """Norms over the last dimension need at least one dimension."""
+    return None if len(shape) >= 1 else "the op normalises the last dimension: give at least one"
+
+
 @dataclass(frozen=True)
 class OpSpec:
-    """An op: seeded inputs, a float64 reference, the bytes it must move and its tolerance."""
+    """An op: named inputs/outputs, seeded inputs, float64 references, bytes, tolerance, roles."""
 
     name: str
     description: str
-    make_inputs: Callable[[tuple[int, ...], torch.dtype, torch.device, int], Inputs]
-    reference: Callable[[Inputs], torch.Tensor]
-    bytes_moved: Callable[[tuple[int, ...], torch.dtype], int]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    make_inputs: Callable[[Shape, torch.dtype, torch.device, int], Inputs]
+    # float64 references on the CPU, one per output, in `outputs` order.
+    reference: Callable[[Inputs], tuple[torch.Tensor, ...]]
+    bytes_moved: Callable[[Shape, torch.dtype], int]
     tolerance: Callable[[torch.dtype], Tolerance]
-    check_shape: Callable[[tuple[int, ...]], str | None]
-    key_of: Callable[[Sequence[object]], tuple[tuple[int, ...], torch.dtype]]
-    baseline: str
-    default_variant: str
+    baseline: str  # the variant every speedup is measured against (the naive chain)
+    builtin: str  # the framework's own lowering: a second reference point and the fallback
+    default_shapes: str
+    quick_shapes: str
+    check_shape: Callable[[Shape], str | None] = last_dim_norm_shape_error
+    key_of: Callable[[Sequence[object]], tuple[Shape, torch.dtype]] = key_of_first_input
+    nearest: Callable[[Shape, Sequence[Shape]], Shape | None] = nearest_rows_same_hidden
+
+    def input_index(self, name: str) -> int:
+        return self.inputs.index(name)
+
+    def as_outputs(self, result: object) -> tuple[object, ...]:
+        """A kernel's return value as a tuple in `outputs` order (not yet checked)."""
+        if len(self.outputs) == 1 and not isinstance(result, (tuple, list)):
+            return (result,)
+        return tuple(result) if isinstance(result, (tuple, list)) else (result,)

@@ -7,23 +7,30 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
+from fusionlab.cell import Cell
+
 
 class Status(str, Enum):
     """How a trial ended; only PASSED results can ever be reported as fastest."""
 
     PASSED = "passed"
-    INCORRECT = "incorrect"
+    INCORRECT = "incorrect"  # wrong values anywhere, timed calls included; undeclared mutation
+    STALE_RESULT = "stale_result"  # an input changed in place and the answer did not follow
+    REUSED_MEMORY = "reused_memory"  # output storage handed out again, or aliasing an input
+    SUSPICIOUS = "suspicious"  # faster than the device can move the bytes, or no device work
     RUNTIME_ERROR = "runtime_error"
     COMPILE_ERROR = "compile_error"
     TIMEOUT = "timeout"
     CRASHED = "crashed"
 
 
+RANK_MODES = ("cold", "warm")
+
+
 @dataclass
 class Timing:
     """Per-call latency in ms from many synchronised samples; raw samples kept."""
 
-    first_call_ms: float
     median_ms: float
     q1_ms: float
     q3_ms: float
@@ -31,6 +38,8 @@ class Timing:
     cv: float
     calls_per_sample: int
     samples_ms: list[float]
+    input_sets: int = 1  # how many input sets the calls rotated over
+    working_set_bytes: int = 0
 
     @property
     def relative_iqr(self) -> float:
@@ -54,6 +63,15 @@ class Fusion:
     nested_ops: float
     op_counts: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    # "device op": the device's own events (on the CPU, its outermost operator records);
+    # "host op": an accelerator that gave the profiler no device events, so ops were counted on
+    # the host and are never called device ops.
+    unit: str = "device op"
+
+    @property
+    def counts_operator_records(self) -> bool:
+        """Whether the units are operator records (with ATen ops nested inside them)."""
+        return self.unit == "host op" or "operator records" in self.source
 
 
 @dataclass
@@ -64,41 +82,88 @@ class Accuracy:
     max_rel_err: float
     atol: float
     rtol: float
+    checked_calls: int = 1
+
+
+@dataclass
+class CopyLimit:
+    """The device's own copy bandwidth at a trial's size class, measured in the same run (GB/s)."""
+
+    fresh_gbps: float  # out-of-place copy: fresh output, allocation included
+    inplace_gbps: float  # copy into an existing buffer
+    size_class: int
+    note: str = ""
+
+    @property
+    def best_gbps(self) -> float:
+        return max(self.fresh_gbps, self.inplace_gbps)
 
 
 @dataclass
 class TrialRecord:
-    """One measured (variant, params) at one (op, device, shape, dtype)."""
+    """One measured (variant, params) in one cell."""
 
-    op: str
+    cell: Cell
     variant: str
     params: dict[str, Any]
-    device: str
-    device_name: str
-    shape: list[int]
-    dtype: str
     status: Status
     message: str = ""
     setup_ms: float | None = None
-    timing: Timing | None = None
+    first_call_ms: float | None = None
+    timing: Timing | None = None  # warm: a small rotation of input sets
+    cold: Timing | None = None  # cache-cold: a rotation larger than the last-level cache
+    cold_note: str = ""
     fusion: Fusion | None = None
     accuracy: Accuracy | None = None
+    limits: dict[str, CopyLimit] = field(default_factory=dict)  # by rank mode
     bytes_moved: int = 0
-    torch_version: str = ""
     seed: int = 0
+    trial_s: float = 0.0  # wall time inside the worker for this trial
     profile_table: str = ""
     trace_file: str = ""
+
+    @property
+    def op(self) -> str:
+        return self.cell.op
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.cell.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.cell.dtype
 
     @property
     def passed(self) -> bool:
         return self.status is Status.PASSED and self.timing is not None
 
     @property
-    def gbps(self) -> float | None:
-        """Achieved bandwidth of the bytes the op must move, in GB/s."""
-        if not self.passed or self.timing is None:
+    def first_use_ms(self) -> float | None:
+        """Setup plus first call: build and compile time live here, never in latency."""
+        if self.first_call_ms is None:
             return None
-        return self.bytes_moved / (self.timing.median_ms * 1e-3) / 1e9
+        return (self.setup_ms or 0.0) + self.first_call_ms
+
+    def timing_for(self, mode: str) -> Timing | None:
+        """The timing a rank mode uses (cold falls back to warm when cold was not taken)."""
+        return self.cold if mode == "cold" and self.cold is not None else self.timing
+
+    def latency_ms(self, mode: str) -> float | None:
+        timing = self.timing_for(mode)
+        return timing.median_ms if timing is not None else None
+
+    def gbps(self, mode: str) -> float | None:
+        """Achieved bandwidth of the bytes the op must move, in GB/s."""
+        latency = self.latency_ms(mode) if self.timing is not None else None
+        return self.bytes_moved / (latency * 1e-3) / 1e9 if latency else None
+
+    def limit_share(self, mode: str) -> dict[str, float] | None:
+        """Achieved GB/s as a share of the same-run copy limits (fresh output, in place)."""
+        limit, achieved = self.limits.get(mode), self.gbps(mode)
+        if limit is None or achieved is None:
+            return None
+        return {"fresh": achieved / limit.fresh_gbps, "inplace": achieved / limit.inplace_gbps}
 
     def config_label(self) -> str:
         """`variant(k=v, ...)` for progress lines and tables."""
@@ -108,6 +173,7 @@ class TrialRecord:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
+        data["cell"] = self.cell.to_dict()
         return data
 
     def to_json(self) -> str:
@@ -117,7 +183,14 @@ class TrialRecord:
     def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
         data = dict(data)
         data["status"] = Status(data["status"])
-        for name, kind in (("timing", Timing), ("fusion", Fusion), ("accuracy", Accuracy)):
+        data["cell"] = Cell.from_dict(data["cell"])
+        for name, kind in (
+            ("timing", Timing),
+            ("cold", Timing),
+            ("fusion", Fusion),
+            ("accuracy", Accuracy),
+        ):
             if data.get(name) is not None:
                 data[name] = kind(**data[name])
+        data["limits"] = {k: CopyLimit(**v) for k, v in (data.get("limits") or {}).items()}
         return cls(**data)

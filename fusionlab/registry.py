@@ -17,16 +17,18 @@ from typing import Any
 import optuna.distributions as od
 import torch
 
-from fusionlab.devices import DEVICE_TYPES
+from fusionlab.devices import device_types
 from fusionlab.errors import RegistrationError, UserError
 from fusionlab.op import OpSpec
 from fusionlab.shapes import DTYPES
 
-Kernel = Callable[..., torch.Tensor]
+Kernel = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
 Params = dict[str, Any]
 Choice = bool | int | float | str
 TunableSpace = Sequence[Choice] | od.IntDistribution | od.FloatDistribution
 ENTRY_POINT_GROUP = "fusionlab.variants"
+# How simple a lowering is, simplest first: a tie goes to the simpler one.
+KINDS = ("builtin", "baseline", "compiled", "custom")
 _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 
 
@@ -34,7 +36,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
 class Variant:
     """One lowering of an op: a factory that does its setup and returns the kernel to time.
 
-    `factory(device_type, **params)` returns a kernel taking the op's inputs."""
+    `factory(device_type, **params)` returns a kernel taking the op's inputs. `inplace` maps an
+    output to the input it is written into (declared, and checked by the gate)."""
 
     op: str
     name: str
@@ -45,6 +48,13 @@ class Variant:
     available: Callable[[str], str | None] | None = None
     check_params: Callable[[tuple[int, ...], Params, str], str | None] | None = None
     description: str = ""
+    kind: str = "custom"
+    inplace: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def simplicity(self) -> int:
+        """Rank in KINDS: lower is simpler."""
+        return KINDS.index(self.kind)
 
     def unavailable_reason(self, device_type: str) -> str | None:
         """Why this variant cannot run on the device type in this process, or None."""
@@ -92,6 +102,11 @@ _loaded_entry_points = False
 
 def register_op(spec: OpSpec) -> OpSpec:
     """Add an op spec to the registry."""
+    where = f"op {spec.name!r}"
+    if not _NAME.match(spec.name):
+        raise RegistrationError(f"{where}: names are lower-case letters, digits, '_' and '-'")
+    if not spec.inputs or not spec.outputs:
+        raise RegistrationError(f"{where}: an op names at least one input and one output")
     _OPS[spec.name] = spec
     _VARIANTS.setdefault(spec.name, {})
     return spec
@@ -107,6 +122,8 @@ def register_variant(
     available: Callable[[str], str | None] | None = None,
     check_params: Callable[[tuple[int, ...], Params, str], str | None] | None = None,
     description: str = "",
+    kind: str = "custom",
+    inplace: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., Kernel]], Callable[..., Kernel]]:
     """Decorator: register `factory(device_type, **params) -> kernel` as a variant of `op`."""
 
@@ -121,6 +138,8 @@ def register_variant(
             available=available,
             check_params=check_params,
             description=description or (factory.__doc__ or "").strip().split("\n")[0],
+            kind=kind,
+            inplace=dict(inplace or {}),
         )
         _validate(variant)
         _VARIANTS[op][variant.name] = variant
@@ -138,9 +157,18 @@ def _validate(variant: Variant) -> None:
     existing = _VARIANTS[variant.op].get(variant.name)
     if existing is not None and existing.factory.__qualname__ != variant.factory.__qualname__:
         raise RegistrationError(f"{where}: that name is taken; pick another name")
-    bad_devices = set(variant.devices) - set(DEVICE_TYPES)
-    if not variant.devices or bad_devices:
-        raise RegistrationError(f"{where}: devices must be among {', '.join(DEVICE_TYPES)}")
+    known_devices = device_types()
+    if not variant.devices or set(variant.devices) - set(known_devices):
+        raise RegistrationError(f"{where}: devices must be among {', '.join(known_devices)}")
+    if variant.kind not in KINDS:
+        raise RegistrationError(f"{where}: kind must be one of {', '.join(KINDS)}")
+    spec = _OPS[variant.op]
+    for output, target in variant.inplace.items():
+        if output not in spec.outputs or target not in spec.inputs:
+            raise RegistrationError(
+                f"{where}: inplace maps outputs ({', '.join(spec.outputs)}) to inputs "
+                f"({', '.join(spec.inputs)}); got {output!r} -> {target!r}"
+            )
     bad_dtypes = set(variant.dtypes) - set(DTYPES)
     if bad_dtypes:
         raise RegistrationError(f"{where}: unknown dtypes {sorted(bad_dtypes)}")
@@ -208,12 +236,15 @@ def load_plugin(path: str) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     before = {op: dict(variants) for op, variants in _VARIANTS.items()}
+    ops_before = dict(_OPS)
     try:
         spec.loader.exec_module(module)
     except BaseException as error:  # a plugin may raise anything, SystemExit included
         del sys.modules[module_name]
         _VARIANTS.clear()
         _VARIANTS.update(before)  # a failed plugin leaves nothing half registered
+        _OPS.clear()
+        _OPS.update(ops_before)
         if isinstance(error, UserError):
             raise UserError(f"plugin {path!r}: {error}") from None
         raise UserError(

@@ -1,19 +1,27 @@
-"""Use the winners at runtime: dispatch each call to the fastest passing variant for its key."""
+"""Use the winners at runtime: dispatch each call to the winning variant for its key.
+
+Winners come from an Optuna storage or from a winners file written by `fusionlab export
+--format json`, which needs no database; the decision is the tables' (report/winners.py)."""
 
 from __future__ import annotations
 
-import math
+import json
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from fusionlab.api import stored_cells
-from fusionlab.devices import Device
+from fusionlab.devices import get_device
+from fusionlab.errors import UserError
+from fusionlab.plan import installed_toolchain
 from fusionlab.registry import Kernel, get_op, get_variant
-from fusionlab.results import CellResult
-from fusionlab.search.storage import DEFAULT_STORAGE
-from fusionlab.shapes import DTYPES
+from fusionlab.report.winners import cell_winner
+from fusionlab.search.results_store import load_cells
+from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
+from fusionlab.shapes import DTYPES, parse_shape
+from fusionlab.toolchain import describe_difference
 
 
 @dataclass(frozen=True)
@@ -25,48 +33,112 @@ class Choice:
     match: str
 
 
+@dataclass(frozen=True)
+class _Entry:
+    shape: tuple[int, ...]
+    variant: str
+    params: dict[str, Any]
+    toolchain: dict[str, str]
+
+
 class Dispatcher:
     """Callable with the op's inputs; builds each chosen kernel once and reuses it."""
 
-    def __init__(self, op: str, storage: str = DEFAULT_STORAGE) -> None:
+    def __init__(
+        self,
+        op: str,
+        storage: str = DEFAULT_STORAGE,
+        *,
+        winners: str | None = None,
+        rank_by: str = "cold",
+    ) -> None:
         self.spec = get_op(op)
-        self._cells: dict[tuple[str, str], list[CellResult]] = {}
-        for cell in stored_cells(op, storage):
-            if cell.ranked():
-                self._cells.setdefault((cell.device_name, cell.dtype), []).append(cell)
+        self._entries: dict[tuple[str, str], list[_Entry]] = {}
+        if winners is not None:
+            self._load_winners_file(winners)
+        else:
+            for cell in load_cells(open_storage(storage, must_exist=True), op):
+                winner = cell_winner(cell, rank_by)
+                if winner is not None:
+                    self._add(
+                        cell.cell.device_name,
+                        cell.cell.dtype,
+                        _Entry(
+                            cell.cell.shape,
+                            winner.record.variant,
+                            dict(winner.record.params),
+                            cell.cell.toolchain,
+                        ),
+                    )
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
         self._device_names: dict[str, str] = {}
+        self._warned: set[str] = set()
+
+    def _add(self, device_name: str, dtype: str, entry: _Entry) -> None:
+        self._entries.setdefault((device_name, dtype), []).append(entry)
+
+    def _load_winners_file(self, path: str) -> None:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if data["meta"]["op"] != self.spec.name:
+                raise UserError(
+                    f"{path!r} holds winners of {data['meta']['op']!r}, not {self.spec.name!r}"
+                )
+            for row in data["rows"]:
+                if row.get("params_values") is None:
+                    continue  # nothing passed in that cell
+                self._add(
+                    row["device"],
+                    row["dtype"],
+                    _Entry(
+                        parse_shape(row["shape"]),
+                        row["fastest"],
+                        dict(row["params_values"]),
+                        dict(row.get("toolchain") or {}),
+                    ),
+                )
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise UserError(
+                f"winners file {path!r} is unreadable ({type(error).__name__}: {error}); "
+                "write it with `fusionlab export OP --format json -o FILE`"
+            ) from None
+
+    def _check_toolchain(self, entry: _Entry, device_type: str) -> None:
+        installed = installed_toolchain(self.spec.name, device_type)
+        difference = describe_difference(entry.toolchain, installed) if entry.toolchain else ""
+        if difference and difference not in self._warned:
+            self._warned.add(difference)
+            warnings.warn(
+                f"fusionlab: {self.spec.name} winners were measured with another toolchain "
+                f"({difference}); run `fusionlab sweep {self.spec.name}` to refresh them",
+                stacklevel=3,
+            )
 
     def choose(self, shape: tuple[int, ...], dtype: torch.dtype, device_type: str) -> Choice:
-        """Exact key first; else the same hidden size with the nearest row count; else fallback."""
+        """Exact key first; else the op's nearest-match rule; else the op's built-in."""
         if device_type not in self._device_names:
-            self._device_names[device_type] = Device(device_type).hardware_name()
+            self._device_names[device_type] = get_device(device_type).hardware_name()
         dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
-        cells = self._cells.get((self._device_names[device_type], dtype_name), [])
-        exact = [c for c in cells if c.shape == shape]
-        if exact:
-            return self._winner(exact[0], "exact")
-        rows = math.prod(shape[:-1])
-        same_hidden = [c for c in cells if c.shape[-1] == shape[-1]]
-        if same_hidden:
-            nearest = min(same_hidden, key=lambda c: abs(math.log(math.prod(c.shape[:-1]) / rows)))
-            return self._winner(nearest, "nearest")
-        return Choice(self.spec.default_variant, {}, "fallback")
+        entries = self._entries.get((self._device_names[device_type], dtype_name), [])
+        by_shape = {e.shape: e for e in entries}
+        if shape in by_shape:
+            match, entry = "exact", by_shape[shape]
+        else:
+            nearest = self.spec.nearest(shape, list(by_shape))
+            if nearest is None:
+                return Choice(self.spec.builtin, {}, "fallback")
+            match, entry = "nearest", by_shape[nearest]
+        self._check_toolchain(entry, device_type)
+        return Choice(entry.variant, dict(entry.params), match)
 
-    @staticmethod
-    def _winner(cell: CellResult, match: str) -> Choice:
-        best = cell.ranked()[0]
-        return Choice(best.variant, dict(best.params), match)
-
-    def __call__(self, *inputs: object) -> torch.Tensor:
+    def __call__(self, *inputs: object) -> Any:
         shape, dtype = self.spec.key_of(inputs)
-        first = inputs[0]
-        assert isinstance(first, torch.Tensor)
-        key = (shape, dtype, first.device.type)
+        device_type = next(t.device.type for t in inputs if isinstance(t, torch.Tensor))
+        key = (shape, dtype, device_type)
         kernel = self._kernels.get(key)
         if kernel is None:
-            choice = self.choose(shape, dtype, first.device.type)
+            choice = self.choose(shape, dtype, device_type)
             variant = get_variant(self.spec.name, choice.variant)
-            kernel = variant.factory(first.device.type, **choice.params)
+            kernel = variant.factory(device_type, **choice.params)
             self._kernels[key] = kernel
         return kernel(*inputs)

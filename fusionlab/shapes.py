@@ -28,12 +28,19 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return dims
 
 
+def parse_list(text: str, option: str) -> list[str]:
+    """A comma-separated list; an empty item is a typo worth saying so."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip():
+        raise UserError(f"{option} is empty: give a comma-separated list")
+    if any(not item for item in items):
+        raise UserError(f"{option} {text!r} has an empty item: remove the extra comma")
+    return items
+
+
 def parse_shapes(text: str) -> list[tuple[int, ...]]:
     """Parse a comma-separated list of shapes, dropping duplicates."""
-    shapes = [parse_shape(item) for item in text.split(",") if item.strip()]
-    if not shapes:
-        raise UserError("no shapes given: pass e.g. --shapes 1x4096,32x4096")
-    return list(dict.fromkeys(shapes))
+    return list(dict.fromkeys(parse_shape(item) for item in parse_list(text, "--shapes")))
 
 
 def format_shape(shape: tuple[int, ...]) -> str:
@@ -51,10 +58,7 @@ def parse_dtype(text: str) -> str:
 
 def parse_dtypes(text: str) -> list[str]:
     """Parse a comma-separated list of dtype names."""
-    names = [parse_dtype(item) for item in text.split(",") if item.strip()]
-    if not names:
-        raise UserError("no dtypes given: pass e.g. --dtypes float32,bfloat16")
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(parse_dtype(item) for item in parse_list(text, "--dtypes")))
 
 
 def torch_dtype(name: str) -> torch.dtype:

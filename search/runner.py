@@ -1,74 +1,38 @@
 """The Optuna-driven sweep: one study per cell, exhaustive where the space is small, TPE within a
-trial budget where it is not, every measurement in an isolated worker, resumable."""
+trial budget where it is not, every measurement in an isolated worker, resumable; then each
+cell's contenders are re-measured in interleaved rounds and the verdict is stored."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import optuna
-import torch
 from optuna.storages import BaseStorage
 from optuna.trial import TrialState
 
-from fusionlab.devices import Device
-from fusionlab.profiling import ProfilerSettings
-from fusionlab.records import TrialRecord
-from fusionlab.registry import Variant, variants_of
-from fusionlab.results import CellResult, cell_from_trials
+from fusionlab.cell import Cell
+from fusionlab.measure.rounds import RoundsTask
+from fusionlab.measure.trial import TrialTask
+from fusionlab.measure.worker import TrialWorker
+from fusionlab.plan import SweepPlan, valid_configs
+from fusionlab.records import Status, TrialRecord
+from fusionlab.report.verdict import Contender, decide
+from fusionlab.report.winners import first_use_by_variant
+from fusionlab.search import results_store as store
+from fusionlab.search.results_store import CellResult
 from fusionlab.search.space import CellSpace, Config, make_config
-from fusionlab.shapes import format_shape
-from fusionlab.timing import TimingSettings
-from fusionlab.trial import TrialTask
-from fusionlab.worker import TrialWorker
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 Progress = Callable[[TrialRecord, int, int], None]
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """What to sweep and how; built and validated by the CLI or the Python API."""
-
-    op: str
-    device: Device
-    shapes: list[tuple[int, ...]]
-    dtypes: list[str]
-    variants: list[str] | None = None
-    trials: int = 40
-    exhaustive_limit: int = 64
-    fresh: bool = False
-    timeout_s: float = 300.0
-    seed: int = 0
-    timing: TimingSettings = field(default_factory=TimingSettings)
-    profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
-    plugins: list[str] = field(default_factory=list)
-
-
-def study_name(op: str, device_name: str, shape: tuple[int, ...], dtype: str) -> str:
-    return f"{op} | {device_name} | torch {torch.__version__} | {format_shape(shape)} | {dtype}"
-
-
-def cell_variants(plan: SweepPlan, dtype: str) -> list[Variant]:
-    """The variants that can run in a cell here (availability, device and dtype)."""
-    chosen = variants_of(plan.op)
-    if plan.variants is not None:
-        chosen = {name: chosen[name] for name in plan.variants}
-    return [
-        v
-        for v in chosen.values()
-        if dtype in v.dtypes and v.unavailable_reason(plan.device.type) is None
-    ]
+Notice = Callable[[str], None]
 
 
 @dataclass
-class _Cell:
-    plan: SweepPlan
-    device_name: str
-    shape: tuple[int, ...]
-    dtype: str
+class _OpenCell:
+    cell: Cell
     study: optuna.Study
     space: CellSpace
     valid: list[Config]
@@ -77,35 +41,37 @@ class _Cell:
     # from storage once, then kept up to date as trials end.
     done: dict[str, float | None]
 
-    def exhaustive(self) -> bool:
-        return self.finite and len(self.valid) <= self.plan.exhaustive_limit
+    def exhaustive(self, limit: int) -> bool:
+        return self.finite and len(self.valid) <= limit
 
-    def pending(self) -> int:
+    def pending(self, plan: SweepPlan) -> int:
         """How many new measurements this cell will make (an upper bound under TPE)."""
         done = len(self.done)
-        if self.exhaustive():
+        if self.exhaustive(plan.exhaustive_limit):
             return max(0, len(self.valid) - done)
-        return max(
-            0, min(self.plan.trials, len(self.valid) if self.finite else self.plan.trials) - done
-        )
+        return max(0, min(plan.trials, len(self.valid) if self.finite else plan.trials) - done)
 
 
 class Sweep:
     """Runs a SweepPlan against a storage."""
 
     def __init__(
-        self, plan: SweepPlan, storage: BaseStorage, progress: Progress | None = None
+        self,
+        plan: SweepPlan,
+        storage: BaseStorage,
+        progress: Progress | None = None,
+        notice: Notice | None = None,
     ) -> None:
         self.plan = plan
         self.storage = storage
         self.progress = progress or (lambda record, index, total: None)
-        self.device_name = plan.device.hardware_name()
+        self.notice = notice or (lambda text: None)
         self.interrupted = False
         self._done = 0
         self._total = 0
 
-    def _open_cell(self, shape: tuple[int, ...], dtype: str) -> _Cell:
-        name = study_name(self.plan.op, self.device_name, shape, dtype)
+    def _open_cell(self, cell: Cell) -> _OpenCell:
+        name = store.study_name(cell)
         if self.plan.fresh and name in optuna.get_all_study_names(self.storage):
             optuna.delete_study(study_name=name, storage=self.storage)
         with warnings.catch_warnings():
@@ -123,69 +89,52 @@ class Sweep:
             sampler=sampler,
             load_if_exists=True,
         )
-        for key, value in {
-            "op": self.plan.op,
-            "device": self.plan.device.type,
-            "device_name": self.device_name,
-            "shape": list(shape),
-            "dtype": dtype,
-            "torch_version": torch.__version__,
-        }.items():
-            study.set_user_attr(key, value)
-        variants = cell_variants(self.plan, dtype)
+        store.write_cell(study, cell)
+        variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
             for v in variants
             if v.is_finite()
-            for params in v.configurations()
-            if v.rejects(shape, params, self.plan.device.type) is None
+            for params in valid_configs(v, cell.shape, cell.device)
         ]
-        return _Cell(
-            self.plan,
-            self.device_name,
-            shape,
-            dtype,
+        trials = study.get_trials(deepcopy=False)
+        return _OpenCell(
+            cell,
             study,
             CellSpace(variants, study),
             valid,
             all(v.is_finite() for v in variants),
-            {
-                t.user_attrs["config"]: t.value
-                for t in study.get_trials(deepcopy=False)
-                if "record" in t.user_attrs and not t.user_attrs.get("duplicate")
-            },
+            store.measured_configs(trials),
         )
 
     def run(self) -> list[CellResult]:
         """Measure every cell; Ctrl-C stops cleanly and keeps what was measured."""
-        cells = [
-            self._open_cell(shape, dtype)
-            for shape in self.plan.shapes
-            for dtype in self.plan.dtypes
-            if cell_variants(self.plan, dtype)  # a dtype no chosen variant supports has no cell
-        ]
-        self._total = sum(cell.pending() for cell in cells)
+        cells = [self._open_cell(cell) for cell in self.plan.cells()]
+        self._total = sum(cell.pending(self.plan) for cell in cells)
         modules = sorted(
-            {v.factory.__module__ for d in self.plan.dtypes for v in cell_variants(self.plan, d)}
+            {v.factory.__module__ for d in self.plan.dtypes for v in self.plan.cell_variants(d)}
         )
         with TrialWorker(self.plan.plugins, modules) as worker:
             try:
                 for cell in cells:
-                    self._run_cell(cell, worker)
+                    self._search(cell, worker)
+                    self._confirm(cell, worker)
             except KeyboardInterrupt:
                 self.interrupted = True
         return [self._result(cell) for cell in cells]
 
-    def _result(self, cell: _Cell) -> CellResult:
-        trials = cell.study.get_trials(deepcopy=False)
-        return cell_from_trials(cell.study.user_attrs, trials)
+    def _result(self, cell: _OpenCell) -> CellResult:
+        study = cell.study
+        result = store.cell_from_study(study.user_attrs, study.get_trials(deepcopy=False))
+        assert result is not None
+        return result
 
-    def _run_cell(self, cell: _Cell, worker: TrialWorker) -> None:
-        if cell.exhaustive():
+    def _search(self, cell: _OpenCell, worker: TrialWorker) -> None:
+        if cell.exhaustive(self.plan.exhaustive_limit):
             for config in cell.valid:
                 self._measure_config(cell, worker, config)
             return
-        budget = cell.pending()
+        budget = cell.pending(self.plan)
         # Every variant is measured at least once (its first valid configuration) before TPE
         # spends the rest of the budget, so baselines are never left out by chance.
         first_of_each = {config.variant: config for config in reversed(cell.valid)}
@@ -197,7 +146,7 @@ class Sweep:
             if self._step_tpe(cell, worker):
                 budget -= 1
 
-    def _measure_config(self, cell: _Cell, worker: TrialWorker, config: Config) -> bool:
+    def _measure_config(self, cell: _OpenCell, worker: TrialWorker, config: Config) -> bool:
         """Measure exactly this configuration unless it is stored already."""
         if config.key in cell.done:
             return False
@@ -209,19 +158,18 @@ class Sweep:
         self._measure(cell, worker, trial, config)
         return True
 
-    def _step_tpe(self, cell: _Cell, worker: TrialWorker) -> bool:
+    def _step_tpe(self, cell: _OpenCell, worker: TrialWorker) -> bool:
         """One TPE suggestion; returns whether it led to a new measurement."""
         trial = cell.study.ask()
         config = cell.space.suggest(trial)
         variant = cell.space.variants[config.variant]
-        reason = variant.rejects(cell.shape, config.as_params(), self.plan.device.type)
+        reason = variant.rejects(cell.cell.shape, config.as_params(), self.plan.device.type)
         if reason is not None:
-            trial.set_user_attr("rejected", reason)
+            store.write_rejected(trial, reason)
             cell.study.tell(trial, state=TrialState.PRUNED)
             return False
         if config.key in cell.done:
-            trial.set_user_attr("duplicate", True)
-            trial.set_user_attr("config", config.key)
+            store.write_duplicate(trial, config.key)
             previous = cell.done[config.key]
             if previous is None:
                 cell.study.tell(trial, state=TrialState.FAIL)
@@ -232,29 +180,24 @@ class Sweep:
         return True
 
     def _measure(
-        self, cell: _Cell, worker: TrialWorker, trial: optuna.Trial, config: Config
+        self, cell: _OpenCell, worker: TrialWorker, trial: optuna.Trial, config: Config
     ) -> None:
         task = TrialTask(
-            op=self.plan.op,
+            cell=cell.cell,
             variant=config.variant,
             params=config.as_params(),
-            device=self.plan.device.type,
-            device_name=cell.device_name,
-            shape=cell.shape,
-            dtype=cell.dtype,
             seed=self.plan.seed,
             timing=self.plan.timing,
             profiler=self.plan.profiler,
         )
         try:
-            record = worker.run(task, self.plan.timeout_s)
+            record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
         except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", True)
+            store.write_interrupted(trial)
             cell.study.tell(trial, state=TrialState.FAIL)
             raise
-        trial.set_user_attr("config", config.key)
-        trial.set_user_attr("record", record.to_dict())
-        value = record.timing.median_ms if record.passed and record.timing else None
+        store.write_result(trial, config.key, record)
+        value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if value is None:
             cell.study.tell(trial, state=TrialState.FAIL)
         else:
@@ -262,3 +205,58 @@ class Sweep:
         cell.done[config.key] = value
         self._done += 1
         self.progress(record, self._done, max(self._total, self._done))
+
+    def _confirm(self, cell: _OpenCell, worker: TrialWorker) -> None:
+        """Re-measure the contenders in interleaved rounds; store the verdict with its interval."""
+        confirm, mode = self.plan.confirm, self.plan.rank_by
+        if confirm is None:
+            return
+        result = self._result(cell)
+        best = result.best_per_variant(mode)
+        if not best:
+            return
+        ordered = list(best.values())
+        fastest = ordered[0].latency_ms(mode) or 0.0
+        chosen = [
+            r
+            for index, r in enumerate(ordered)
+            if index < confirm.min_contenders
+            or (r.latency_ms(mode) or float("inf")) <= fastest * (1 + confirm.within)
+        ]
+        labels = [r.config_label() for r in chosen]
+        stored = result.verdicts.get(mode)
+        if stored is not None and stored.get("contenders") == labels:
+            return
+        task = RoundsTask(
+            cell=cell.cell,
+            contenders=[(r.config_label(), r.variant, dict(r.params)) for r in chosen],
+            mode=mode,
+            rounds=confirm.rounds if len(chosen) > 1 else 0,
+            seed=self.plan.seed,
+            timing=confirm.timing,
+        )
+        self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
+        outcome = worker.run(task, self.plan.timeout_s * max(len(chosen), 1))
+        variants = cell.space.variants
+        first_use = first_use_by_variant(result)
+        contenders = []
+        for record in chosen:
+            entry = outcome[record.config_label()]
+            if entry["status"] != Status.PASSED.value or (task.rounds and not entry["rounds"]):
+                self.notice(
+                    f"  {record.config_label()} dropped: {entry['status']}: {entry['message']}"
+                )
+                continue
+            rounds = entry["rounds"] or [record.timing_for(mode).samples_ms]  # type: ignore[union-attr]
+            contenders.append(
+                Contender(
+                    name=record.config_label(),
+                    kind=variants[record.variant].kind,
+                    first_use_ms=first_use.get(record.variant),
+                    rounds=rounds,
+                )
+            )
+        if contenders:
+            verdict = decide(contenders).to_dict()
+            verdict["contenders"] = labels
+            store.write_verdict(cell.study, mode, verdict)

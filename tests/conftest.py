@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from fusionlab.cell import Cell
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -25,3 +27,8 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
 @pytest.fixture
 def storage_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'results.db'}"
+
+
+def cpu_cell(op: str, shape: tuple[int, ...], dtype: str = "float32") -> Cell:
+    """A cell on this machine's CPU, for trials run in the test process."""
+    return Cell(op, "cpu", "test-cpu", shape, dtype)

@@ -12,7 +12,8 @@ from conftest import PLUGINS, run_cli
 
 from fusionlab.api import stored_cells
 from fusionlab.records import Status
-from fusionlab.tables import best_rows, display_rows
+from fusionlab.report.tables import best_rows, display_rows
+from fusionlab.report.winners import cell_winner
 
 PLUGIN = str(PLUGINS / "misbehaving.py")
 SWEEP = ["sweep", "rmsnorm", "--quick", "--shapes", "2x64,3x100", "--dtypes", "float32",
@@ -45,8 +46,8 @@ def test_misbehaving_variants_are_recorded_and_never_win(swept) -> None:
                             "hangs": Status.TIMEOUT}
         assert cell.ranked()[0].variant in {"naive", "builtin"}
     rows = list(csv.DictReader((folder / "best.csv").open()))
-    assert [row["fastest"] for row in rows] == [c.ranked()[0].variant for c in cells]
-    assert all(row["failed"] == "3/5" for row in rows)
+    assert [row["fastest"] for row in rows] == [cell_winner(c).record.variant for c in cells]
+    assert all(row["failed"] == "3/5 (1 crashed, 1 incorrect, 1 timeout)" for row in rows)
     assert "SIGABRT" in output and "TIMEOUT" in output and "INCORRECT" in output
 
 
@@ -111,6 +112,6 @@ def test_exports_parse_back_to_the_same_rows(swept, fmt: str, tmp_path: Path) ->
     if fmt == "json":
         assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
         return
-    shown = display_rows(rows)
+    shown = display_rows(rows, "rmsnorm")
     expected = [list(shown[0])] + [list(row.values()) for row in shown]
     assert _parse(fmt, out.read_text()) == expected

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from fusionlab.errors import UserError
+from fusionlab.measure.stats import overlaps, summarise
 from fusionlab.registry import get_op
 from fusionlab.shapes import format_shape, parse_dtypes, parse_shape, parse_shapes
-from fusionlab.stats import overlaps, summarise
 
 
 def test_shapes_parse_and_round_trip() -> None:
@@ -15,7 +15,9 @@ def test_shapes_parse_and_round_trip() -> None:
     assert format_shape((32, 4096)) == "32x4096"
 
 
-@pytest.mark.parametrize("text", ["0x4096", "4x", "abc", "x8", "-1x8", "2.5x8", ""])
+@pytest.mark.parametrize(
+    "text", ["0x4096", "4x", "abc", "x8", "-1x8", "2.5x8", "", "4x4096,,8x4096", "4x4096,"]
+)
 def test_malformed_shapes_are_user_errors(text: str) -> None:
     with pytest.raises(UserError):
         parse_shapes(text)
@@ -49,7 +51,7 @@ def test_rmsnorm_inputs_are_seeded_and_weight_is_not_trivial() -> None:
 def test_reference_is_float64_rmsnorm_and_bytes_moved() -> None:
     spec = get_op("rmsnorm")
     inputs = spec.make_inputs((2, 3, 16), torch.float32, torch.device("cpu"), 0)
-    ref = spec.reference(inputs)
+    (ref,) = spec.reference(inputs)
     x, weight, eps = inputs
     assert ref.dtype == torch.float64
     expected = torch.rms_norm(x.double(), (16,), weight.double(), eps)

@@ -5,24 +5,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cpu_cell
 
-from fusionlab.devices import Device
-from fusionlab.investigate import summary_rows
+from fusionlab.devices import get_device
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
-from fusionlab.profiling import ProfilerSettings, fusion_accounting, profile_calls
+from fusionlab.measure.profiling import ProfilerSettings, fusion_accounting, profile_calls
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import get_op
-from fusionlab.timing import TimingSettings
-from fusionlab.trial import TrialTask, run_trial
+from fusionlab.report.investigate import summary_rows
 
 FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 SHAPES = [(1, 256), (256, 4096)]
 
 
 def _profiled(variant: str, shape, tmp_path: Path, params=None) -> TrialRecord:
-    record = run_trial(TrialTask("rmsnorm", variant, params or {}, "cpu", "test-cpu", shape,
-                                 "float32", timing=FAST, profile_table_rows=10,
-                                 trace_dir=str(tmp_path)))
+    record = run_trial(TrialTask(cpu_cell("rmsnorm", shape), variant, params or {}, timing=FAST,
+                                 profile_table_rows=10, trace_dir=str(tmp_path)))
     assert record.status is Status.PASSED, record.message
     assert record.fusion is not None
     return record
@@ -73,7 +73,7 @@ def test_compiled_is_exactly_one_compiled_region_per_call(shape, tmp_path: Path)
     assert name.startswith("Torch-Compiled Region") and count == 1
     _check_accounting(record)
     assert any(n.startswith("Torch-Compiled Region") for n in _trace_names(record.trace_file))
-    assert record.timing.first_call_ms > record.timing.median_ms  # compile time stays apart
+    assert record.first_call_ms > record.timing.median_ms  # compile time stays apart
 
 
 def test_missing_device_events_are_reported_not_printed_as_zeros(tmp_path: Path) -> None:
@@ -81,8 +81,8 @@ def test_missing_device_events_are_reported_not_printed_as_zeros(tmp_path: Path)
     from a `neuron` run whose backend handed no device events back to torch.profiler."""
     spec = get_op("rmsnorm")
     inputs = spec.make_inputs((8, 64), torch.float32, torch.device("cpu"), 0)
-    prof = profile_calls(lambda: naive_rmsnorm(*inputs), Device("cpu"), ProfilerSettings())
-    fusion = fusion_accounting(prof, Device("neuron"))
+    prof = profile_calls(lambda: naive_rmsnorm(*inputs), get_device("cpu"), ProfilerSettings())
+    fusion = fusion_accounting(prof, get_device("neuron"))
     assert fusion.device_time_us is None and fusion.idle_us is None and fusion.span_us is None
     assert "no neuron device events" in fusion.note
     assert fusion.device_ops == 6  # launches are still counted, on the host

@@ -5,8 +5,9 @@ from pathlib import Path
 import torch
 
 from fusionlab import Dispatcher, sweep
+from fusionlab.measure.timing import TimingSettings
 from fusionlab.registry import get_op, get_variant
-from fusionlab.timing import TimingSettings
+from fusionlab.report.winners import cell_winner
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 
@@ -17,7 +18,7 @@ def test_dispatcher_uses_the_stored_winner(tmp_path: Path) -> None:
                   variants=["naive", "builtin"], timing=FAST)
     dispatch = Dispatcher("rmsnorm", storage=url)
     spec = get_op("rmsnorm")
-    winners = {cell.shape: cell.ranked()[0].variant for cell in cells}
+    winners = {cell.cell.shape: cell_winner(cell).record.variant for cell in cells}
 
     exact = dispatch.choose((4, 64), torch.float32, "cpu")
     assert (exact.variant, exact.match) == (winners[(4, 64)], "exact")
@@ -28,7 +29,7 @@ def test_dispatcher_uses_the_stored_winner(tmp_path: Path) -> None:
 
     for shape in [(4, 64), (2, 40, 64), (4, 128)]:
         inputs = spec.make_inputs(shape, torch.float32, torch.device("cpu"), 5)
-        torch.testing.assert_close(dispatch(*inputs).double(), spec.reference(inputs),
+        torch.testing.assert_close(dispatch(*inputs).double(), spec.reference(inputs)[0],
                                    atol=1e-4, rtol=1e-4)
 
 

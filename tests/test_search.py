@@ -8,8 +8,8 @@ import optuna.distributions as od
 
 from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
-from fusionlab.search.runner import study_name
-from fusionlab.timing import TimingSettings
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.search.results_store import study_name
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 
@@ -35,8 +35,7 @@ def test_tpe_budget_rejections_and_resume(tmp_path: Path) -> None:
     big = [r for r in cell.records if r.variant == "test-big-space"]
     assert all(r.params["unroll"] % 2 == 0 for r in big)
     assert len({(r.params["unroll"], r.params["scale"]) for r in big}) == 6
-    study = optuna.load_study(study_name=study_name("rmsnorm", cell.device_name, (2, 32),
-                                                    "float32"), storage=url)
+    study = optuna.load_study(study_name=study_name(cell.cell), storage=url)
     rejected = [t for t in study.trials if "rejected" in t.user_attrs]
     assert cell.rejected == len(rejected)
     assert all(t.params["test-big-space.unroll"] % 2 for t in rejected)
@@ -62,6 +61,5 @@ def test_enqueued_trials_record_their_params(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'params.db'}"
     (cell,) = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url,
                     variants=["naive"], timing=FAST)
-    study = optuna.load_study(study_name=study_name("rmsnorm", cell.device_name, (2, 32),
-                                                    "float32"), storage=url)
+    study = optuna.load_study(study_name=study_name(cell.cell), storage=url)
     assert [t.params for t in study.trials] == [{"variant": "naive"}]

@@ -1,19 +1,20 @@
 """The correctness gate and the measurement path, on real tensors in this process."""
 
 import torch
+from conftest import cpu_cell
 
 from fusionlab import register_variant
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
-from fusionlab.timing import TimingSettings
-from fusionlab.trial import TrialTask, run_trial
 
 FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 
 
 def _trial(variant: str, shape=(4, 96), dtype="float32", params=None):
-    return run_trial(TrialTask("rmsnorm", variant, params or {}, "cpu", "test-cpu", shape, dtype,
-                               seed=3, timing=FAST))
+    return run_trial(TrialTask(cpu_cell("rmsnorm", shape, dtype), variant, params or {}, seed=3,
+                               timing=FAST))
 
 
 @register_variant("rmsnorm", "test-off-by-eps", devices=("cpu",))
@@ -78,19 +79,21 @@ def test_builtin_passes_with_full_record() -> None:
     assert timing is not None and len(timing.samples_ms) >= 5
     assert timing.q1_ms <= timing.median_ms <= timing.q3_ms and timing.min_ms > 0
     assert record.bytes_moved == (2 * 2 * 3 * 64 + 64) * 2
-    assert record.gbps is not None and record.gbps > 0
+    assert record.gbps("warm") is not None and record.gbps("warm") > 0
+    assert record.cold is not None and record.cold.input_sets > 2  # rotation past the LLC
+    assert set(record.limits) == {"warm", "cold"} and record.limit_share("cold") is not None
     assert record.fusion is not None and record.fusion.device_ops == 1
 
 
 def test_wrong_values_are_incorrect() -> None:
     record = _trial("test-off-by-eps")
     assert record.status is Status.INCORRECT and "max abs error" in record.message
-    assert record.timing is None and record.gbps is None
+    assert record.timing is None and record.gbps("cold") is None
 
 
 def test_mutating_an_input_is_incorrect() -> None:
     record = _trial("test-mutates")
-    assert record.status is Status.INCORRECT and "modified input tensor #1" in record.message
+    assert record.status is Status.INCORRECT and "modified input 'weight'" in record.message
 
 
 def test_output_aliasing_an_input_is_incorrect() -> None:
@@ -99,7 +102,7 @@ def test_output_aliasing_an_input_is_incorrect() -> None:
     assert "modified" in record.message or "aliases" in record.message
 
 
-def test_reusing_an_earlier_result_is_caught_by_the_second_input() -> None:
+def test_reusing_an_earlier_result_is_caught_in_the_timed_calls() -> None:
     record = _trial("test-caches")
     assert record.status is Status.INCORRECT and "max abs error" in record.message
 

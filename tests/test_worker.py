@@ -1,12 +1,12 @@
 """Isolation: a crashing or hanging variant is recorded and the worker is replaced."""
 
-from conftest import PLUGINS
+from conftest import PLUGINS, cpu_cell
 
-from fusionlab.records import Status
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.measure.trial import TrialTask
+from fusionlab.measure.worker import TrialWorker
+from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import load_plugin
-from fusionlab.timing import TimingSettings
-from fusionlab.trial import TrialTask
-from fusionlab.worker import TrialWorker
 
 PLUGIN = str(PLUGINS / "misbehaving.py")
 
@@ -14,15 +14,19 @@ FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=2
 
 
 def _task(variant: str) -> TrialTask:
-    return TrialTask("rmsnorm", variant, {}, "cpu", "test-cpu", (2, 64), "float32", timing=FAST)
+    return TrialTask(cpu_cell("rmsnorm", (2, 64)), variant, {}, timing=FAST)
+
+
+def _run(worker: TrialWorker, variant: str, timeout_s: float) -> TrialRecord:
+    return TrialRecord.from_dict(worker.run(_task(variant), timeout_s))
 
 
 def test_abort_and_hang_are_recorded_and_the_worker_comes_back() -> None:
     load_plugin(PLUGIN)
     with TrialWorker([PLUGIN]) as worker:
-        crashed = worker.run(_task("aborts"), timeout_s=60)
+        crashed = _run(worker, "aborts", 60)
         assert crashed.status is Status.CRASHED and "SIGABRT" in crashed.message
-        hung = worker.run(_task("hangs"), timeout_s=3)
+        hung = _run(worker, "hangs", 3)
         assert hung.status is Status.TIMEOUT and "3 s" in hung.message
-        after = worker.run(_task("naive"), timeout_s=60)
+        after = _run(worker, "naive", 60)
         assert after.status is Status.PASSED and after.timing is not None

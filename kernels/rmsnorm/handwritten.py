@@ -12,10 +12,6 @@ from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.registry import Kernel, register_variant
 
 
-def _rows(shape: tuple[int, ...]) -> int:
-    return math.prod(shape[:-1])
-
-
 @register_variant(
     RMSNORM.name,
     "cpp",
@@ -23,14 +19,10 @@ def _rows(shape: tuple[int, ...]) -> int:
     tunables={"rows_per_task": cpu_cpp.ROWS_PER_TASK_CHOICES},
     available=lambda device_type: cpu_cpp.unavailable_reason(),
 )
-def cpp(device_type: str, rows_per_task: int) -> Kernel:
+def cpp(device_type: str, **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): two vectorised passes per row, parallel over rows."""
     cpu_cpp.load_extension()
-    return functools.partial(cpu_cpp.rms_norm_cpp, rows_per_task=rows_per_task)
-
-
-def _triton_rejects(shape: tuple[int, ...], params: dict[str, Any], device_type: str) -> str | None:
-    return triton_kernel.param_error(shape[-1], **params)
+    return functools.partial(cpu_cpp.rms_norm_cpp, **params)
 
 
 @register_variant(
@@ -39,20 +31,11 @@ def _triton_rejects(shape: tuple[int, ...], params: dict[str, Any], device_type:
     devices=("cuda",),
     tunables=triton_kernel.TUNABLES,
     available=triton_kernel.unavailable_reason,
-    check_params=_triton_rejects,
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape[-1], **params),
 )
-def triton(device_type: str, block_size: int, rows_per_program: int, num_warps: int) -> Kernel:
+def triton(device_type: str, **params: Any) -> Kernel:
     """Triton kernel: one row per program, or several rows per program for short rows."""
-    return functools.partial(
-        triton_kernel.rms_norm_triton,
-        block_size=block_size,
-        rows_per_program=rows_per_program,
-        num_warps=num_warps,
-    )
-
-
-def _nki_rejects(shape: tuple[int, ...], params: dict[str, Any], device_type: str) -> str | None:
-    return nki_tiling.param_error(_rows(shape), shape[-1], **params)
+    return functools.partial(triton_kernel.rms_norm_triton, **params)
 
 
 @register_variant(
@@ -61,10 +44,10 @@ def _nki_rejects(shape: tuple[int, ...], params: dict[str, Any], device_type: st
     devices=("neuron",),
     tunables=nki_kernel.TUNABLES,
     available=lambda device_type: nki_kernel.unavailable_reason(),
-    check_params=_nki_rejects,
+    check_params=lambda shape, params, device_type: nki_tiling.param_error(
+        math.prod(shape[:-1]), shape[-1], **params
+    ),
 )
-def nki(device_type: str, rows_per_tile: int, free_chunk: int) -> Kernel:
+def nki(device_type: str, **params: Any) -> Kernel:
     """NKI kernel: rows on the 128 partitions, free dimension in chunks, weight loaded once."""
-    return functools.partial(
-        nki_kernel.rms_norm_nki, rows_per_tile=rows_per_tile, free_chunk=free_chunk
-    )
+    return functools.partial(nki_kernel.rms_norm_nki, **params)

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
 
 import torch
 
-from fusionlab.op import Inputs, OpSpec, Tolerance
+from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 
 EPS = 1e-6
-_TOLERANCES = {
+TOLERANCES = {
     torch.float32: Tolerance(atol=1e-4, rtol=1e-4),
     torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
     torch.bfloat16: Tolerance(atol=1.6e-2, rtol=1.6e-2),
 }
 
 
-def make_inputs(
-    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int
-) -> Inputs:
+def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
     """Normal activations and a weight around 1 that is far from all ones, from a seed."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=generator)
@@ -27,48 +25,41 @@ def make_inputs(
     return x.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype), EPS
 
 
-def reference(inputs: Inputs) -> torch.Tensor:
-    """RMSNorm in float64 on the CPU."""
-    x, weight, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+def rms_norm_float64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of float64 copies on the CPU."""
     x64 = x.detach().to("cpu", torch.float64)
     w64 = weight.detach().to("cpu", torch.float64)
-    return x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + float(eps)) * w64  # type: ignore[arg-type]
+    return x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w64
 
 
-def bytes_moved(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    x, weight, eps = inputs
+    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+    return (rms_norm_float64(x, weight, float(eps)),)  # type: ignore[arg-type]
+
+
+def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
     """Read x and weight, write y."""
-    numel = 1
-    for dim in shape:
-        numel *= dim
-    return (2 * numel + shape[-1]) * dtype.itemsize
+    return (2 * math.prod(shape) + shape[-1]) * dtype.itemsize
 
 
 def tolerance(dtype: torch.dtype) -> Tolerance:
-    return _TOLERANCES[dtype]
-
-
-def check_shape(shape: tuple[int, ...]) -> str | None:
-    return None if len(shape) >= 1 else "RMSNorm needs at least one dimension"
-
-
-def key_of(inputs: Sequence[object]) -> tuple[tuple[int, ...], torch.dtype]:
-    x = inputs[0]
-    assert isinstance(x, torch.Tensor)
-    return tuple(x.shape), x.dtype
+    return TOLERANCES[dtype]
 
 
 RMSNORM = register_op(
     OpSpec(
         name="rmsnorm",
         description="RMSNorm over the last dimension, with a learned weight",
+        inputs=("x", "weight", "eps"),
+        outputs=("y",),
         make_inputs=make_inputs,
         reference=reference,
         bytes_moved=bytes_moved,
         tolerance=tolerance,
-        check_shape=check_shape,
-        key_of=key_of,
         baseline="naive",
-        default_variant="builtin",
+        builtin="builtin",
+        default_shapes="1x4096,32x4096,512x4096,2048x8192",
+        quick_shapes="1x4096,256x4096",
     )
 )

@@ -10,9 +10,9 @@ import tempfile
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Any, Protocol
 
-from fusionlab.records import Status, TrialRecord
-from fusionlab.trial import TrialTask
+from fusionlab.records import Status
 
 _READY_TIMEOUT_S = 300.0
 
@@ -24,7 +24,6 @@ def _serve(conn: Connection, plugins: list[str], modules: list[str], log_path: s
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     from fusionlab.registry import ensure_variant_module, load_entry_points, load_plugin
-    from fusionlab.trial import run_trial
 
     load_entry_points()
     for path in plugins:
@@ -36,11 +35,19 @@ def _serve(conn: Connection, plugins: list[str], modules: list[str], log_path: s
         task = conn.recv()
         if task is None:
             return
-        conn.send(run_trial(task).to_dict())
+        conn.send(task.run())
+
+
+class Task(Protocol):
+    """A unit of work for the worker: runs there, or says how it failed when the worker did."""
+
+    def run(self) -> dict[str, Any]: ...
+
+    def failed(self, status: Status, message: str) -> dict[str, Any]: ...
 
 
 class TrialWorker:
-    """Runs trials in a child process with a per-trial timeout."""
+    """Runs tasks in a child process with a per-task timeout."""
 
     def __init__(self, plugins: list[str] | None = None, modules: list[str] | None = None) -> None:
         self._plugins = list(plugins or [])
@@ -64,14 +71,14 @@ class TrialWorker:
         self._process, self._conn = process, parent
         return parent
 
-    def run(self, task: TrialTask, timeout_s: float) -> TrialRecord:
-        """Run one trial; a hang becomes TIMEOUT and a dead worker CRASHED."""
+    def run(self, task: Task, timeout_s: float) -> dict[str, Any]:
+        """Run one task; a hang becomes TIMEOUT and a dead worker CRASHED."""
         conn = self._conn or self._start()
         log_offset = Path(self.log_path).stat().st_size
         conn.send(task)
         try:
             if conn.poll(timeout_s):
-                return TrialRecord.from_dict(conn.recv())
+                return conn.recv()
             status, message = Status.TIMEOUT, f"no result within {timeout_s:g} s; worker killed"
         except (EOFError, ConnectionError):
             status, message = Status.CRASHED, self._death_message()
@@ -80,7 +87,7 @@ class TrialWorker:
             raise
         self._discard()
         tail = self._log_tail(log_offset)
-        return task.new_record(status, f"{message}{'; last output: ' + tail if tail else ''}")
+        return task.failed(status, f"{message}{'; last output: ' + tail if tail else ''}")
 
     def _death_message(self) -> str:
         assert self._process is not None

@@ -246,8 +246,8 @@ def _summarise_calls(calls: list[_CallStats], device: Device, use_device_events:
             f"the profiler returned no {device.type} device events, so device time and idle gaps "
             "are unknown; ops counted on the host"
         )
-    if device.type == "cpu":
-        source = "CPU: outermost operator records stand in for device events"
+    if not device.event_device_types:
+        source = f"{device.type}: outermost operator records are the device ops"
     else:
         source = (
             f"{device.type}: device events" if use_device_events else f"{device.type}: host ops"
@@ -266,6 +266,7 @@ def _summarise_calls(calls: list[_CallStats], device: Device, use_device_events:
         nested_ops=median(c.nested for c in calls),
         op_counts=dict(sorted(counts.items(), key=lambda kv: -durations[kv[0]])),
         note=note,
+        unit="host op" if device.event_device_types and not use_device_events else "device op",
     )
 
 

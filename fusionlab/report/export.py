@@ -11,7 +11,7 @@ from typing import Any
 from tabulate import tabulate
 
 from fusionlab.errors import UserError
-from fusionlab.tables import display_rows
+from fusionlab.report.tables import display_rows
 
 FORMATS = ("md", "csv", "json", "latex", "html")
 _SUFFIXES = {
@@ -58,7 +58,7 @@ def render(rows: list[dict[str, Any]], fmt: str, meta: dict[str, Any]) -> str:
     """The table in one format; json keeps numbers as numbers and adds metadata."""
     if fmt == "json":
         return json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
-    shown = display_rows(rows)
+    shown = display_rows(rows, meta["op"])
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(shown[0]) if shown else [])

@@ -1,0 +1,47 @@
+"""A cell: the one value that says where a measurement belongs.
+
+Runner, worker, records, results, study names and the Dispatcher all use this value; results of
+different hardware or toolchains never share a cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from fusionlab.op import Shape
+from fusionlab.shapes import format_shape
+
+
+@dataclass(frozen=True)
+class Cell:
+    """(op, device, hardware, toolchain, shape, dtype)."""
+
+    op: str
+    device: str
+    device_name: str
+    shape: Shape
+    dtype: str
+    toolchain_id: str = ""
+    toolchain: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def label(self) -> str:
+        return f"{format_shape(self.shape)} {self.dtype}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["shape"] = list(self.shape)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Cell:
+        return cls(
+            op=data["op"],
+            device=data["device"],
+            device_name=data["device_name"],
+            shape=tuple(data["shape"]),
+            dtype=data["dtype"],
+            toolchain_id=data.get("toolchain_id", ""),
+            toolchain=dict(data.get("toolchain", {})),
+        )

@@ -1,0 +1,1 @@
+"""Measuring one configuration: inputs, timing, the correctness gate, profiling, isolation."""

@@ -1,0 +1,152 @@
+"""The correctness gate: values against float64, memory rules, and declared in-place writes.
+
+Every rule that fails raises `GateFailure` with the status it earns and a one-line reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from fusionlab.op import Inputs, OpSpec, Tolerance
+from fusionlab.records import Accuracy, Status
+
+
+class GateFailure(Exception):
+    """A trial broke a rule of the gate."""
+
+    def __init__(self, status: Status, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def check_values(
+    outputs: Sequence[object],
+    references: Sequence[torch.Tensor],
+    spec: OpSpec,
+    like: torch.Tensor,
+    tolerance: Tolerance,
+    when: str = "",
+) -> Accuracy:
+    """Shape, dtype, device, finiteness and error of every output against its float64 reference."""
+    worst: Accuracy | None = None
+    if len(outputs) != len(spec.outputs):
+        raise GateFailure(
+            Status.INCORRECT, f"returned {len(outputs)} outputs, expected {len(spec.outputs)}"
+        )
+    for name, out, reference in zip(spec.outputs, outputs, references, strict=True):
+        where = f"{name}{' ' + when if when else ''}"
+        if not isinstance(out, torch.Tensor):
+            raise GateFailure(Status.INCORRECT, f"{where}: returned {type(out).__name__}")
+        if tuple(out.shape) != tuple(reference.shape):
+            raise GateFailure(
+                Status.INCORRECT,
+                f"{where}: shape {tuple(out.shape)}, expected {tuple(reference.shape)}",
+            )
+        if out.dtype != like.dtype:
+            message = f"{where}: dtype {out.dtype}, expected {like.dtype}"
+            raise GateFailure(Status.INCORRECT, message)
+        if out.device != like.device:
+            raise GateFailure(
+                Status.INCORRECT, f"{where}: device {out.device}, expected {like.device}"
+            )
+        got = out.detach().to("cpu", torch.float64)
+        if not torch.isfinite(got).all():
+            raise GateFailure(Status.INCORRECT, f"{where}: output has NaN or Inf values")
+        error = (got - reference).abs()
+        bound = tolerance.atol + tolerance.rtol * reference.abs()
+        accuracy = Accuracy(
+            max_abs_err=float(error.max()) if error.numel() else 0.0,
+            max_rel_err=float((error / reference.abs().clamp_min(1e-12)).max())
+            if error.numel()
+            else 0.0,
+            atol=tolerance.atol,
+            rtol=tolerance.rtol,
+        )
+        if bool((error > bound).any()):
+            raise GateFailure(
+                Status.INCORRECT,
+                f"{where}: max abs error {accuracy.max_abs_err:.3g} exceeds atol={tolerance.atol:g}"
+                f" + rtol={tolerance.rtol:g}*|ref| "
+                f"(worst at flat index {int((error - bound).argmax())})",
+            )
+        if worst is None or accuracy.max_abs_err > worst.max_abs_err:
+            worst = accuracy
+    assert worst is not None
+    return worst
+
+
+def check_memory(
+    outputs: Sequence[object],
+    inputs: Inputs,
+    spec: OpSpec,
+    inplace: Mapping[str, str],
+    held: Sequence[torch.Tensor] = (),
+) -> list[torch.Tensor]:
+    """Fresh memory for every output not declared in place; declared ones written in place.
+
+    `held` are outputs of earlier calls the caller still holds: handing their storage out again
+    would silently overwrite them. Returns the fresh outputs, for the caller to hold.
+    """
+    tensors = {name: value for name, value in zip(spec.inputs, inputs, strict=True)}
+    fresh: list[torch.Tensor] = []
+    for name, out in zip(spec.outputs, outputs, strict=True):
+        assert isinstance(out, torch.Tensor)
+        if name in inplace:
+            target = tensors[inplace[name]]
+            assert isinstance(target, torch.Tensor)
+            if not shares_memory(out, target) or out.data_ptr() != target.data_ptr():
+                raise GateFailure(
+                    Status.INCORRECT,
+                    f"{name} is declared in place in {inplace[name]!r} but was returned elsewhere",
+                )
+            continue
+        for input_name, tensor in tensors.items():
+            if isinstance(tensor, torch.Tensor) and shares_memory(out, tensor):
+                raise GateFailure(Status.REUSED_MEMORY, f"{name} aliases input {input_name!r}")
+        for earlier in [*held, *fresh]:
+            if shares_memory(out, earlier):
+                raise GateFailure(
+                    Status.REUSED_MEMORY,
+                    f"{name} reuses the storage of an output the caller still holds",
+                )
+        fresh.append(out)
+    return fresh
+
+
+def check_mutation(
+    inputs: Inputs, copies: Sequence[torch.Tensor], spec: OpSpec, inplace: Mapping[str, str]
+) -> None:
+    """Inputs change only where the variant declares an in-place output, and there they must."""
+    declared = set(inplace.values())
+    tensors = [
+        (n, v) for n, v in zip(spec.inputs, inputs, strict=True) if isinstance(v, torch.Tensor)
+    ]
+    for (name, tensor), copy in zip(tensors, copies, strict=True):
+        if name not in declared and not torch.equal(tensor, copy):
+            raise GateFailure(
+                Status.INCORRECT, f"the call modified input {name!r}, which it does not declare"
+            )
+
+
+def snapshot(inputs: Inputs) -> list[torch.Tensor]:
+    """Copies of the input tensors, to detect mutation later."""
+    return [item.detach().clone() for item in inputs if isinstance(item, torch.Tensor)]
+
+
+def refill_in_place(inputs: Inputs, values: Inputs) -> None:
+    """Write new values into the same tensors (same address) without bumping their version."""
+    for target, source in zip(inputs, values, strict=True):
+        if isinstance(target, torch.Tensor) and isinstance(source, torch.Tensor):
+            target.data.copy_(source)

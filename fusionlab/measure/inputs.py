@@ -1,0 +1,106 @@
+"""Independently seeded input sets for one cell, their float64 references, and their rotation.
+
+Timing rotates over several sets: consecutive calls never see the same tensors, and a rotation
+larger than the device's last cache level makes the timing cache-cold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fusionlab.op import Inputs, OpSpec, Shape
+
+WARM_SETS = 2
+MAX_COLD_SETS = 4096
+MAX_ROTATION_BYTES = 2**30  # beyond this a cold rotation is capped, and the record says so
+COLD_FACTOR = 2  # the rotation must be this many times the cache
+
+
+def tensors_in(inputs: Inputs) -> list[torch.Tensor]:
+    return [item for item in inputs if isinstance(item, torch.Tensor)]
+
+
+def _checksum(inputs: Inputs) -> list[tuple[float, float]]:
+    sums = []
+    for tensor in tensors_in(inputs):
+        flat = tensor.detach().reshape(-1).double()
+        sums.append((float(flat.sum()), float((flat * flat).sum())))
+    return sums
+
+
+@dataclass
+class InputSets:
+    """Input sets of one cell; set i is seeded with seed + i, its references computed lazily."""
+
+    spec: OpSpec
+    shape: Shape
+    dtype: torch.dtype
+    device: torch.device
+    seed: int
+    sets: list[Inputs] = field(default_factory=list)
+    _references: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    _checksums: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def ensure(self, count: int) -> None:
+        while len(self.sets) < count:
+            index = len(self.sets)
+            inputs = self.spec.make_inputs(self.shape, self.dtype, self.device, self.seed + index)
+            self.sets.append(inputs)
+            self._checksums[index] = _checksum(inputs)
+
+    @property
+    def bytes_per_set(self) -> int:
+        self.ensure(1)
+        return sum(t.numel() * t.element_size() for t in tensors_in(self.sets[0]))
+
+    def reference(self, index: int) -> tuple[torch.Tensor, ...]:
+        """The float64 reference of set `index` as generated (cached)."""
+        if index not in self._references:
+            self._references[index] = self.spec.reference(self.sets[index])
+        return self._references[index]
+
+    def cold_count(self, cache_bytes: int) -> tuple[int, str]:
+        """How many sets a cache-cold rotation needs, and a note when it could not be reached."""
+        per_set = max(self.bytes_per_set, 1)
+        wanted = math.ceil(COLD_FACTOR * cache_bytes / per_set)
+        allowed = min(MAX_COLD_SETS, max(1, MAX_ROTATION_BYTES // per_set))
+        if wanted <= WARM_SETS:
+            return WARM_SETS, "the warm rotation already exceeds the cache"
+        if wanted > allowed:
+            reached = allowed * per_set
+            return (
+                allowed,
+                f"capped at {reached / 2**20:.0f} MiB, {reached / cache_bytes:.1f}x cache",
+            )
+        return wanted, ""
+
+    def modified(self, count: int) -> list[int]:
+        """Indexes among the first `count` sets whose values no longer match their checksum."""
+        return [
+            i
+            for i in range(min(count, len(self.sets)))
+            if _checksum(self.sets[i]) != self._checksums[i]
+        ]
+
+
+class InputCache:
+    """Input sets kept across the trials of one cell in a worker (inputs cost harness time)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._sets: InputSets | None = None
+
+    def get(
+        self, spec: OpSpec, shape: Shape, dtype: torch.dtype, device: torch.device, seed: int
+    ) -> InputSets:
+        key = (spec.name, shape, dtype, str(device), seed)
+        if self._sets is None or key != self._key:
+            self._key, self._sets = key, InputSets(spec, shape, dtype, device, seed)
+        return self._sets
+
+    def drop(self) -> None:
+        """Forget the sets (a variant changed them, as in-place variants do)."""
+        self._key, self._sets = None, None

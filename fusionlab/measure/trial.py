@@ -1,0 +1,273 @@
+"""One trial: build a variant, gate what it returns (timed calls included), time it warm and
+cold, and profile it. Runs in the worker process; failures become statuses, never exceptions."""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fusionlab.cell import Cell
+from fusionlab.devices import Device, get_device
+from fusionlab.measure.correctness import (
+    GateFailure,
+    check_memory,
+    check_mutation,
+    check_values,
+    refill_in_place,
+    snapshot,
+)
+from fusionlab.measure.inputs import WARM_SETS, InputCache, InputSets, tensors_in
+from fusionlab.measure.limits import measure_copy_limit, size_class, suspicious_reason
+from fusionlab.measure.profiling import (
+    ProfilerSettings,
+    export_trace,
+    fusion_accounting,
+    key_averages_table,
+    profile_calls,
+)
+from fusionlab.measure.timing import TimingSettings, time_calls, timed_once
+from fusionlab.op import OpSpec, Tolerance
+from fusionlab.records import Accuracy, CopyLimit, Status, Timing, TrialRecord
+from fusionlab.registry import Kernel, Variant, get_op, get_variant
+from fusionlab.shapes import format_shape, torch_dtype
+
+# Seed offset of the values written into an input in place, to see that the answer follows.
+_REFILL_SEED = 7919
+_INPUTS = InputCache()
+_LIMITS: dict[tuple[str, str, int, bool], CopyLimit] = {}
+
+
+@dataclass(frozen=True)
+class TrialTask:
+    """Everything a worker needs to measure one configuration."""
+
+    cell: Cell
+    variant: str
+    params: dict[str, Any]
+    seed: int = 0
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
+    profile_table_rows: int = 0
+    trace_dir: str | None = None
+
+    def new_record(self, status: Status, message: str = "") -> TrialRecord:
+        """A record for this task with no measurement in it yet."""
+        return TrialRecord(
+            cell=self.cell,
+            variant=self.variant,
+            params=dict(self.params),
+            status=status,
+            message=message,
+            seed=self.seed,
+        )
+
+    def run(self) -> dict[str, Any]:
+        return run_trial(self).to_dict()
+
+    def failed(self, status: Status, message: str) -> dict[str, Any]:
+        return self.new_record(status, message).to_dict()
+
+
+def describe(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip()
+    return " | ".join(line.strip() for line in text.splitlines()[:3] if line.strip())[:500]
+
+
+def _is_compile_error(error: BaseException) -> bool:
+    module = type(error).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension"))
+
+
+def run_trial(task: TrialTask) -> TrialRecord:
+    """Measure one configuration; failures become statuses, never exceptions."""
+    start = time.perf_counter()
+    record = task.new_record(Status.PASSED)
+    try:
+        _measure(task, record)
+    except GateFailure as failure:
+        record.status, record.message = failure.status, str(failure)
+    except Exception as error:
+        record.status, record.message = Status.RUNTIME_ERROR, describe(error)
+        traceback.print_exc(file=sys.stderr)
+    record.trial_s = time.perf_counter() - start
+    return record
+
+
+@dataclass
+class Measured:
+    """What building and gating a kernel gives the timing passes."""
+
+    spec: OpSpec
+    variant: Variant
+    device: Device
+    sets: InputSets
+    kernel: Kernel
+    tolerance: Tolerance
+    like: torch.Tensor
+
+
+def build_and_gate(
+    cell: Cell, name: str, params: dict[str, Any], seed: int, reset: bool = True
+) -> tuple[Measured, float, float, Accuracy]:
+    """Build the kernel, make its first call and gate it; returns setup and first-call ms."""
+    spec, variant, device = get_op(cell.op), get_variant(cell.op, name), get_device(cell.device)
+    if reset and "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()  # every variant pays its own compile time in its first call
+    dtype = torch_dtype(cell.dtype)
+    sets = _INPUTS.get(spec, cell.shape, dtype, device.torch_device, seed)
+    sets.ensure(WARM_SETS)
+    first = sets.sets[0]
+    like = tensors_in(first)[0]
+    references = sets.reference(0)  # before the call: an in-place variant overwrites its inputs
+    originals = snapshot(first)
+    try:
+        kernel, setup_ms = timed_once(
+            lambda: variant.factory(device.type, **params), device.synchronize
+        )
+    except Exception as error:
+        raise GateFailure(Status.COMPILE_ERROR, f"setup failed: {describe(error)}") from error
+    try:
+        out, first_ms = timed_once(lambda: kernel(*first), device.synchronize)  # type: ignore[operator]
+    except Exception as error:
+        status = Status.COMPILE_ERROR if _is_compile_error(error) else Status.RUNTIME_ERROR
+        raise GateFailure(status, f"first call failed: {describe(error)}") from error
+    outputs = spec.as_outputs(out)
+    tolerance = spec.tolerance(dtype)
+    accuracy = check_values(outputs, references, spec, like, tolerance)
+    check_mutation(first, originals, spec, variant.inplace)
+    check_memory(outputs, first, spec, variant.inplace)
+    measured = Measured(spec, variant, device, sets, kernel, tolerance, like)  # type: ignore[arg-type]
+    return measured, setup_ms, first_ms, accuracy
+
+
+def timed_and_checked(m: Measured, count: int, settings: TimingSettings, cold: bool) -> Timing:
+    """The timing loop over `count` input sets; the kept timed calls pass the whole gate."""
+    m.sets.ensure(count)
+    args = m.sets.sets[:count]
+    inplace = bool(m.variant.inplace)
+    before: dict[int, tuple[torch.Tensor, ...]] = {}
+    if inplace:
+        # The inputs change with every call: a kept call's reference is taken just before it.
+        def remember(index: int) -> None:
+            before[len(before)] = m.spec.reference(args[index])
+
+    loop = time_calls(
+        lambda i: m.kernel(*args[i]),
+        count,
+        m.device.synchronize,
+        settings,
+        before_kept=remember if inplace else None,
+        keep_copy=_copy_outputs if inplace else None,
+        flush=m.device.flush_cache if cold and m.device.event_device_types else None,
+        working_set_bytes=count * m.sets.bytes_per_set,
+    )
+    held: list[torch.Tensor] = []
+    for number, (index, out) in enumerate(loop.kept):
+        outputs = m.spec.as_outputs(out)
+        references = before[number] if inplace else m.sets.reference(index)
+        check_values(
+            outputs, references, m.spec, m.like, m.tolerance, f"in timed call {number + 1}"
+        )
+        if not inplace:
+            held += check_memory(outputs, args[index], m.spec, m.variant.inplace, held)
+    return loop.timing
+
+
+def _copy_outputs(out: object) -> object:
+    if isinstance(out, (tuple, list)):
+        return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in out)
+    return out.clone() if isinstance(out, torch.Tensor) else out
+
+
+def check_follows_new_values(m: Measured, seed: int) -> None:
+    """New values written into the same tensors (same address) must give the new answer."""
+    target = m.sets.sets[0]
+    saved = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in target)
+    fresh = m.spec.make_inputs(m.sets.shape, m.sets.dtype, m.sets.device, seed + _REFILL_SEED)
+    refill_in_place(target, fresh)
+    references = m.spec.reference(fresh)
+    try:
+        outputs = m.spec.as_outputs(m.kernel(*target))
+        check_values(outputs, references, m.spec, m.like, m.tolerance)
+    except GateFailure as failure:
+        raise GateFailure(
+            Status.STALE_RESULT,
+            f"after its input changed in place (same tensor, same address): {failure}",
+        ) from None
+    finally:
+        refill_in_place(target, saved)
+
+
+def copy_limit(
+    device: Device, dtype: torch.dtype, nbytes: int, cold: bool, again: bool = False
+) -> CopyLimit:
+    """The device's copy bandwidth at this size class, once per worker process (`again`:
+    measure anew, keeping the better figure)."""
+    key = (device.type, str(dtype), size_class(nbytes), cold)
+    if key not in _LIMITS or again:
+        per_source = max(size_class(nbytes), 1)
+        sources = max(2, -(-2 * device.cache_bytes() // per_source)) if cold else 2
+        sources = min(sources, max(2, 2**30 // per_source), 4096)
+        limit = measure_copy_limit(device.torch_device, dtype, nbytes, device.synchronize, sources)
+        known = _LIMITS.get(key)
+        _LIMITS[key] = limit if known is None or limit.best_gbps > known.best_gbps else known
+    return _LIMITS[key]
+
+
+def _measure(task: TrialTask, record: TrialRecord) -> None:
+    cell = task.cell
+    try:
+        m, record.setup_ms, record.first_call_ms, record.accuracy = build_and_gate(
+            cell, task.variant, task.params, task.seed
+        )
+        dtype = torch_dtype(cell.dtype)
+        record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
+        record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False)
+        cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
+        if cold_count > WARM_SETS or m.device.event_device_types:
+            record.cold = timed_and_checked(m, cold_count, task.timing, cold=True)
+        record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
+        check_follows_new_values(m, task.seed)
+        if not m.variant.inplace:
+            modified = m.sets.modified(cold_count)
+            if modified:
+                raise GateFailure(
+                    Status.INCORRECT, f"the calls modified input set(s) {modified[:5]}"
+                )
+        x_bytes = m.like.numel() * m.like.element_size()
+        for mode in ("warm", "cold"):
+            limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold")
+            record.limits[mode] = limit
+            reason = suspicious_reason(record.gbps(mode), limit)
+            if reason:  # a noisy moment may have slowed the copy: measure it again first
+                limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold", again=True)
+                record.limits[mode] = limit
+                reason = suspicious_reason(record.gbps(mode), limit)
+            if reason:
+                raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
+        _profile(task, record, m)
+    finally:
+        if get_variant(cell.op, task.variant).inplace:
+            _INPUTS.drop()
+
+
+def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
+    first = m.sets.sets[0]
+    prof = profile_calls(lambda: m.kernel(*first), m.device, task.profiler, task.trace_dir)
+    record.fusion = fusion_accounting(prof, m.device)
+    if task.profile_table_rows:
+        record.profile_table = key_averages_table(prof, m.device, task.profile_table_rows)
+    if task.trace_dir is not None:
+        stem = f"{task.cell.op}_{task.variant}_{format_shape(task.cell.shape)}_{task.cell.dtype}"
+        record.trace_file = export_trace(prof, task.trace_dir, stem)
+    if record.fusion.device_ops == 0:
+        raise GateFailure(
+            Status.SUSPICIOUS,
+            f"0 device ops per call: the profiler saw no work on {m.device.type} "
+            "(a result handed back without computing, or work hidden from the profiler)",
+        )

@@ -1,0 +1,248 @@
+"""One planning path for sweep, compare and profile: every input validated the same way, and
+the configurations each cell will measure. Nothing is measured or stored here."""
+
+from __future__ import annotations
+
+import ast
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fusionlab.cell import Cell
+from fusionlab.devices import Device, get_device, resolve_device
+from fusionlab.errors import UserError
+from fusionlab.measure.profiling import ProfilerSettings
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.op import OpSpec, Shape
+from fusionlab.records import RANK_MODES
+from fusionlab.registry import (
+    Params,
+    Variant,
+    get_op,
+    load_entry_points,
+    load_plugin,
+    variants_of,
+)
+from fusionlab.shapes import format_shape, parse_dtypes, parse_list, parse_shapes, torch_dtype
+from fusionlab.toolchain import toolchain, toolchain_id
+
+QUICK_DTYPES = "float32"
+DEFAULT_DTYPES = "float32,bfloat16"
+QUICK_TIMING = TimingSettings(warmup_s=0.02, budget_s=0.06, min_samples=7, max_samples=40)
+QUICK_PROFILER = ProfilerSettings(wait=1, warmup=1, active=3)
+# Copies the harness keeps per element of x: input sets, outputs held for checks, float64 refs.
+_FLOAT64_COPIES = 6
+_HELD_OUTPUTS = 8
+
+
+@dataclass(frozen=True)
+class Confirm:
+    """How a cell's contenders are re-measured after the search (see report/verdict.py)."""
+
+    rounds: int = 5
+    within: float = 0.10  # contenders: every variant's best within this of the fastest
+    min_contenders: int = 2
+    timing: TimingSettings = field(
+        default_factory=lambda: TimingSettings(
+            warmup_s=0.01, budget_s=0.04, min_samples=5, max_samples=25, checked_calls=1
+        )
+    )
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What to sweep and how; built and validated by `make_plan`."""
+
+    op: str
+    device: Device
+    shapes: list[Shape]
+    dtypes: list[str]
+    variants: list[str] | None = None
+    trials: int = 40
+    exhaustive_limit: int = 64
+    fresh: bool = False
+    timeout_s: float = 300.0
+    seed: int = 0
+    rank_by: str = "cold"
+    calls: int | None = None  # rank by first use + calls x latency when set
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
+    confirm: Confirm | None = field(default_factory=Confirm)
+    plugins: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> OpSpec:
+        return get_op(self.op)
+
+    def cell_variants(self, dtype: str) -> list[Variant]:
+        """The variants that can run in a cell here (choice, availability, device and dtype)."""
+        chosen = variants_of(self.op)
+        if self.variants is not None:
+            chosen = {name: chosen[name] for name in self.variants}
+        return [
+            v
+            for v in chosen.values()
+            if dtype in v.dtypes and v.unavailable_reason(self.device.type) is None
+        ]
+
+    def cells(self) -> list[Cell]:
+        """Every (shape, dtype) cell that has a variant to run, keyed by the whole toolchain."""
+        device_name = self.device.hardware_name()
+        versions = toolchain(self.device, self.spec)
+        result = []
+        for shape in self.shapes:
+            for dtype in self.dtypes:
+                variants = self.cell_variants(dtype)
+                if not variants:
+                    continue
+                result.append(
+                    Cell(
+                        self.op,
+                        self.device.type,
+                        device_name,
+                        shape,
+                        dtype,
+                        toolchain_id(versions),
+                        versions,
+                    )
+                )
+        return result
+
+
+def installed_toolchain(op: str, device_type: str) -> dict[str, str]:
+    """The toolchain a new sweep of `op` on this device type would be keyed by."""
+    return toolchain(get_device(device_type), get_op(op))
+
+
+def load_user_variants(plugins: Sequence[str]) -> None:
+    """Entry points first, then plugin files; any failure is a UserError."""
+    load_entry_points()
+    for path in plugins:
+        load_plugin(path)
+
+
+def check_fits(spec: OpSpec, shape: Shape, dtypes: Sequence[str], device: Device) -> None:
+    """Refuse a shape whose tensors cannot fit, before anything runs."""
+    free = device.available_memory()
+    if free is None:
+        return
+    itemsize = max(torch_dtype(d).itemsize for d in dtypes)
+    per_element = itemsize * (2 * len(spec.inputs) + _HELD_OUTPUTS * len(spec.outputs))
+    per_element += 8 * _FLOAT64_COPIES * len(spec.outputs)
+    needed = math.prod(shape) * per_element
+    if needed > free:
+        raise UserError(
+            f"shape {format_shape(shape)} needs about {_human(needed)} of {device.type} memory "
+            f"(input sets, outputs and float64 references) and {_human(free)} is available: "
+            "choose a smaller shape"
+        )
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if nbytes < 1024 or unit == "PiB":
+            return f"{nbytes:.3g} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.3g} PiB"
+
+
+def _positive(name: str, value: float | int | None) -> None:
+    if value is not None and value <= 0:
+        raise UserError(f"{name} must be greater than 0 (got {value:g})")
+
+
+def choose_variants(
+    op: str, variants: str | Sequence[str] | None, device_type: str
+) -> list[str] | None:
+    """The named variants, checked to exist and to run on this device; None means all."""
+    if variants is None:
+        return None
+    names = parse_list(variants, "--variants") if isinstance(variants, str) else list(variants)
+    known = variants_of(op)
+    for name in names:
+        if name not in known:
+            raise UserError(f"unknown variant {name!r} of {op}: choose from {', '.join(known)}")
+        reason = known[name].unavailable_reason(device_type)
+        if reason:
+            raise UserError(f"variant {name!r} cannot run on {device_type} here: {reason}")
+    return list(dict.fromkeys(names))
+
+
+def make_plan(
+    op: str,
+    shapes: str | None = None,
+    dtypes: str | None = None,
+    device: str = "auto",
+    variants: str | Sequence[str] | None = None,
+    plugins: Sequence[str] = (),
+    quick: bool = False,
+    **options: Any,
+) -> SweepPlan:
+    """Validate every input and return the plan; nothing is measured or stored yet."""
+    load_user_variants(plugins)
+    spec = get_op(op)
+    shape_list = parse_shapes(shapes or (spec.quick_shapes if quick else spec.default_shapes))
+    for shape in shape_list:
+        problem = spec.check_shape(shape)
+        if problem:
+            raise UserError(f"shape {format_shape(shape)}: {problem}")
+    dtype_list = parse_dtypes(dtypes or (QUICK_DTYPES if quick else DEFAULT_DTYPES))
+    target = resolve_device(device)
+    for shape in shape_list:
+        check_fits(spec, shape, dtype_list, target)
+    _positive("--trials", options.get("trials"))
+    _positive("--timeout", options.get("timeout_s"))
+    _positive("--calls", options.get("calls"))
+    if options.get("rank_by", "cold") not in RANK_MODES:
+        raise UserError(f"--rank-by must be one of {', '.join(RANK_MODES)}")
+    if options.get("timeout_s") is None:
+        options["timeout_s"] = target.default_timeout_s
+    chosen = choose_variants(op, variants, target.type)
+    if quick:
+        options.setdefault("timing", QUICK_TIMING)
+        options.setdefault("profiler", QUICK_PROFILER)
+    return SweepPlan(
+        op=op,
+        device=target,
+        shapes=shape_list,
+        dtypes=dtype_list,
+        variants=chosen,
+        plugins=list(plugins),
+        **options,
+    )
+
+
+def valid_configs(variant: Variant, shape: Shape, device_type: str) -> list[Params]:
+    """Every configuration of a finite variant that can run at this shape."""
+    return [p for p in variant.configurations() if variant.rejects(shape, p, device_type) is None]
+
+
+def first_config(variant: Variant, shape: Shape, device_type: str) -> Params:
+    """The first configuration of the variant that can run at this shape."""
+    for params in variant.configurations():
+        if variant.rejects(shape, params, device_type) is None:
+            return params
+    raise UserError(
+        f"variant {variant.name!r} has no configuration that runs at {format_shape(shape)}"
+    )
+
+
+def parse_params(variant: Variant, pairs: Sequence[str], shape: Shape, device_type: str) -> Params:
+    """`NAME=VALUE` pairs over the variant's first valid configuration, checked before running."""
+    params = first_config(variant, shape, device_type) if variant.tunables else {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or name not in variant.tunables:
+            raise UserError(
+                f"--param {pair!r}: use NAME=VALUE with NAME among "
+                f"{', '.join(variant.tunables) or '(no tunables)'}"
+            )
+        try:
+            params[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            params[name] = text
+    reason = variant.rejects(shape, params, device_type)
+    if reason:
+        raise UserError(f"params {params} cannot run: {reason}")
+    return params

@@ -1,0 +1,1 @@
+"""Reporting: the best-config table, its exports, and the compare/profile investigation."""

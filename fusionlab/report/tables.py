@@ -1,0 +1,159 @@
+"""The best-config table: one row per cell, built from records and the cell's verdict."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fusionlab.registry import get_op
+from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant
+from fusionlab.search.results_store import CellResult
+from fusionlab.shapes import format_shape
+
+
+def _num(digits: int) -> Callable[[Any], str]:
+    return lambda value: f"{value:.{digits}f}"
+
+
+def _sig(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def _calls(value: float) -> str:
+    return "never" if value == float("inf") else f"{value:.3g}"
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    header: str
+    render: Callable[[Any], str] = str
+
+
+def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Column, ...]:
+    """The table's columns; the speedup headers name the op's own baseline and built-in."""
+    return (
+        Column("device", "device"),
+        Column("shape", "shape"),
+        Column("dtype", "dtype"),
+        Column("fastest", "fastest"),
+        Column("params", "params"),
+        Column("median_ms", "median ms", _sig),
+        Column("iqr_pct", "IQR %", _num(1)),
+        Column("warm_ms", "warm ms", _sig),
+        Column("cold_ms", "cold ms", _sig),
+        Column("speedup_vs_baseline", f"vs {baseline}", lambda v: f"{v:.2f}x"),
+        Column("speedup_vs_builtin", f"vs {builtin}", lambda v: f"{v:.2f}x"),
+        Column("gbps", "GB/s", _sig),
+        Column("pct_fresh_copy", "% fresh copy", _num(0)),
+        Column("pct_inplace_copy", "% in-place copy", _num(0)),
+        Column("runner_up", "runner-up"),
+        Column("ratio", "runner-up/winner [95% CI]"),
+        Column("decision", "decision"),
+        Column("first_use_ms", "first use ms", _sig),
+        Column("break_even_vs_baseline", f"break-even calls vs {baseline}", _calls),
+        Column("break_even_vs_builtin", f"break-even calls vs {builtin}", _calls),
+        Column("ops_per_call", "ops/call", _sig),
+        Column("idle_pct", "idle %", _num(1)),
+        Column("mb_per_call", "MB/call", _sig),
+        Column("failed", "failed"),
+    )
+
+
+def _params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "-"
+
+
+def _failed(cell: CellResult) -> str:
+    failures = cell.failures()
+    counts = Counter(r.status.value for r in failures)
+    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    return f"{len(failures)}/{len(cell.records)}" + (f" ({detail})" if detail else "")
+
+
+def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> dict[str, Any]:
+    """The typed row for one cell; numbers stay numbers (None where unknown)."""
+    spec = get_op(cell.cell.op)
+    row: dict[str, Any] = {column.key: None for column in columns()}
+    row.update(
+        device=cell.cell.device_name,
+        shape=format_shape(cell.cell.shape),
+        dtype=cell.cell.dtype,
+        fastest="none passed",
+        failed=_failed(cell),
+        ranked_by=mode if calls is None else f"{mode} + {calls} calls x latency",
+        toolchain=cell.cell.toolchain,
+    )
+    winner = cell_winner(cell, mode, calls)
+    if winner is None:
+        return row
+    best = winner.record
+    timing = best.timing_for(mode)
+    assert timing is not None
+    per_variant = cell.best_per_variant(mode)
+    row.update(
+        fastest=best.variant,
+        params=_params(best.params),
+        params_values=dict(best.params),
+        median_ms=timing.median_ms,
+        iqr_pct=100 * timing.relative_iqr,
+        warm_ms=best.latency_ms("warm"),
+        cold_ms=best.cold.median_ms if best.cold is not None else None,
+        gbps=best.gbps(mode),
+        first_use_ms=first_use_by_variant(cell).get(best.variant),
+    )
+    share = best.limit_share(mode)
+    if share is not None:
+        row.update(pct_fresh_copy=100 * share["fresh"], pct_inplace_copy=100 * share["inplace"])
+    for key, name in (("baseline", spec.baseline), ("builtin", spec.builtin)):
+        other = per_variant.get(name)
+        other_ms = other.latency_ms(mode) if other is not None else None
+        if other_ms:
+            row[f"speedup_vs_{key}"] = other_ms / timing.median_ms
+        row[f"break_even_vs_{key}"] = break_even(best, other, cell, mode)
+    if winner.runner_up is not None:
+        row["runner_up"] = winner.runner_up.variant
+    verdict = winner.verdict
+    if verdict is not None and verdict.get("runner_up"):
+        row["ratio"] = (
+            f"{verdict['ratio']:.2f}x [{verdict['ci_low']:.2f}, {verdict['ci_high']:.2f}]"
+        )
+        row["decision"] = "tie" if verdict["tie"] else "confident"
+        row["reason"] = verdict["reason"]
+    elif winner.runner_up is not None:
+        runner_ms = winner.runner_up.latency_ms(mode)
+        if runner_ms:
+            row["ratio"] = f"{runner_ms / timing.median_ms:.2f}x (not re-measured)"
+        row["decision"] = "by cost" if calls is not None else "not re-measured"
+    if best.fusion is not None:
+        row.update(
+            ops_per_call=best.fusion.device_ops,
+            mb_per_call=best.fusion.memory_bytes / 1e6,
+            idle_pct=None if best.fusion.idle_share is None else 100 * best.fusion.idle_share,
+        )
+    return row
+
+
+def best_rows(
+    cells: list[CellResult], mode: str = "cold", calls: int | None = None
+) -> list[dict[str, Any]]:
+    return [best_row(cell, mode, calls) for cell in cells]
+
+
+def display_rows(
+    rows: list[dict[str, Any]], op: str, with_device: bool = True
+) -> list[dict[str, str]]:
+    """The rows as the text every format shows ('-' for unknown)."""
+    spec = get_op(op)
+    shown = []
+    for row in rows:
+        text = {
+            c.header: "-" if row.get(c.key) is None else c.render(row[c.key])
+            for c in columns(spec.baseline, spec.builtin)
+        }
+        if not with_device:
+            text.pop("device")
+        shown.append(text)
+    return shown

@@ -1,0 +1,75 @@
+"""A cell's winner, decided one way for tables, exports and the Dispatcher.
+
+The stored verdict (contenders re-measured in interleaved rounds, a bootstrap interval, ties
+broken by a declared preference) decides; a cell measured without re-measurement falls back to
+the fastest median. With `calls`, the cost of first use counts: first use + calls x latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fusionlab.records import TrialRecord
+from fusionlab.report.verdict import break_even_calls
+from fusionlab.search.results_store import CellResult
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The chosen record, its runner-up, and the verdict that chose it (None: search only)."""
+
+    record: TrialRecord
+    runner_up: TrialRecord | None
+    verdict: dict[str, Any] | None
+    ranked_by: str
+
+
+def _cost(record: TrialRecord, mode: str, calls: int, first_use: dict[str, float]) -> float:
+    latency = record.latency_ms(mode) or float("inf")
+    return first_use.get(record.variant, record.first_use_ms or 0.0) + calls * latency
+
+
+def first_use_by_variant(cell: CellResult) -> dict[str, float]:
+    """The largest first-use cost each variant paid in this cell (its build or compile)."""
+    costs: dict[str, float] = {}
+    for record in cell.records:
+        if record.first_use_ms is not None:
+            costs[record.variant] = max(costs.get(record.variant, 0.0), record.first_use_ms)
+    return costs
+
+
+def cell_winner(cell: CellResult, mode: str = "cold", calls: int | None = None) -> Winner | None:
+    """The winner of a cell, or None when nothing passed."""
+    best = cell.best_per_variant(mode)
+    if not best:
+        return None
+    if calls is not None:
+        first_use = first_use_by_variant(cell)
+        ordered = sorted(best.values(), key=lambda r: _cost(r, mode, calls, first_use))
+        return Winner(
+            ordered[0], ordered[1] if len(ordered) > 1 else None, None, f"{mode}+{calls} calls"
+        )
+    verdict = cell.verdicts.get(mode)
+    if verdict is not None:
+        winner = cell.record_of(verdict["winner"])
+        runner = cell.record_of(verdict["runner_up"]) if verdict.get("runner_up") else None
+        if winner is not None and winner.passed:
+            return Winner(winner, runner, verdict, mode)
+    ordered = list(best.values())
+    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, mode)
+
+
+def break_even(
+    winner: TrialRecord, other: TrialRecord | None, cell: CellResult, mode: str
+) -> float | None:
+    """Calls after which the winner's first use has paid for itself against `other`."""
+    if other is None or other.variant == winner.variant:
+        return None
+    costs = first_use_by_variant(cell)
+    a_latency, b_latency = winner.latency_ms(mode), other.latency_ms(mode)
+    if a_latency is None or b_latency is None:
+        return None
+    return break_even_calls(
+        costs.get(winner.variant, 0.0), a_latency, costs.get(other.variant, 0.0), b_latency
+    )

@@ -1,0 +1,124 @@
+"""The storage format, in one place: study names, the attributes a cell and its trials carry,
+and reading cells back. Everything else reads and writes results through this module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.trial import FrozenTrial
+
+from fusionlab.cell import Cell
+from fusionlab.records import TrialRecord
+from fusionlab.shapes import format_shape
+
+CELL_ATTR = "cell"
+VERDICT_ATTR = "verdict"  # the re-measured decision, by rank mode: {"cold": {...}, ...}
+RECORD_ATTR = "record"
+CONFIG_ATTR = "config"
+REJECTED_ATTR = "rejected"
+DUPLICATE_ATTR = "duplicate"
+INTERRUPTED_ATTR = "interrupted"
+
+
+def study_name(cell: Cell) -> str:
+    """One study per cell; the toolchain id keeps other toolchains' numbers apart."""
+    return (
+        f"{cell.op} | {cell.device_name} | toolchain {cell.toolchain_id} | "
+        f"{format_shape(cell.shape)} | {cell.dtype}"
+    )
+
+
+def write_cell(study: optuna.Study, cell: Cell) -> None:
+    study.set_user_attr(CELL_ATTR, cell.to_dict())
+
+
+def write_result(trial: optuna.Trial, config_key: str, record: TrialRecord) -> None:
+    trial.set_user_attr(CONFIG_ATTR, config_key)
+    trial.set_user_attr(RECORD_ATTR, record.to_dict())
+
+
+def write_rejected(trial: optuna.Trial, reason: str) -> None:
+    trial.set_user_attr(REJECTED_ATTR, reason)
+
+
+def write_duplicate(trial: optuna.Trial, config_key: str) -> None:
+    trial.set_user_attr(DUPLICATE_ATTR, True)
+    trial.set_user_attr(CONFIG_ATTR, config_key)
+
+
+def write_interrupted(trial: optuna.Trial) -> None:
+    trial.set_user_attr(INTERRUPTED_ATTR, True)
+
+
+def write_verdict(study: optuna.Study, mode: str, verdict: dict[str, Any]) -> None:
+    stored = dict(study.user_attrs.get(VERDICT_ATTR, {}))
+    stored[mode] = verdict
+    study.set_user_attr(VERDICT_ATTR, stored)
+
+
+def measured_configs(trials: list[FrozenTrial]) -> dict[str, float | None]:
+    """The value stored for every configuration measured (None: it failed), by config key."""
+    return {
+        t.user_attrs[CONFIG_ATTR]: t.value
+        for t in trials
+        if RECORD_ATTR in t.user_attrs and not t.user_attrs.get(DUPLICATE_ATTR)
+    }
+
+
+@dataclass
+class CellResult:
+    """Every record measured in one cell, and the re-measured verdicts."""
+
+    cell: Cell
+    records: list[TrialRecord] = field(default_factory=list)
+    rejected: int = 0
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def ranked(self, mode: str = "cold") -> list[TrialRecord]:
+        """Passing records, fastest first by the rank mode's median; failures never appear."""
+        passing = [r for r in self.records if r.passed]
+        return sorted(passing, key=lambda r: r.latency_ms(mode) or float("inf"))
+
+    def best_per_variant(self, mode: str = "cold") -> dict[str, TrialRecord]:
+        best: dict[str, TrialRecord] = {}
+        for record in self.ranked(mode):
+            best.setdefault(record.variant, record)
+        return best
+
+    def failures(self) -> list[TrialRecord]:
+        return [r for r in self.records if not r.passed]
+
+    def record_of(self, label: str) -> TrialRecord | None:
+        return next((r for r in self.records if r.config_label() == label), None)
+
+
+def cell_from_study(attrs: dict[str, Any], trials: list[FrozenTrial]) -> CellResult | None:
+    """A CellResult from a study's attributes and trials; None for a study that is not a cell."""
+    if CELL_ATTR not in attrs:
+        return None
+    result = CellResult(
+        Cell.from_dict(attrs[CELL_ATTR]), verdicts=dict(attrs.get(VERDICT_ATTR, {}))
+    )
+    for trial in trials:
+        user = trial.user_attrs
+        if REJECTED_ATTR in user:
+            result.rejected += 1
+        elif RECORD_ATTR in user and not user.get(DUPLICATE_ATTR):
+            result.records.append(TrialRecord.from_dict(user[RECORD_ATTR]))
+    return result
+
+
+def load_cells(storage: BaseStorage, op: str) -> list[CellResult]:
+    """Every stored cell of an op, in the order the studies were created."""
+    cells = []
+    for study in storage.get_all_studies():
+        if study.user_attrs.get(CELL_ATTR, {}).get("op") != op:
+            continue
+        study_id = storage.get_study_id_from_name(study.study_name)
+        result = cell_from_study(study.user_attrs, storage.get_all_trials(study_id, deepcopy=False))
+        if result is not None:
+            cells.append(result)
+    return cells
