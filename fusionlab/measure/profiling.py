@@ -55,6 +55,9 @@ METADATA_OPS = frozenset(
         "numel",
         "dim",
         "is_nonzero",
+        "resolve_conj",
+        "resolve_neg",
+        "lift",
     ]
 )
 

@@ -61,7 +61,8 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
                 continue
             measured, count = built[label]
             try:
-                timing = timed_and_checked(measured, count, task.timing, cold=task.mode == "cold")
+                cold = task.mode == "cold"
+                timing = timed_and_checked(measured, count, task.timing, cold, seed=round_index)
             except GateFailure as failure:
                 results[label].update(status=failure.status.value, message=str(failure))
                 continue

@@ -7,6 +7,7 @@ timed. On a device that can flush its cache (CUDA), cold samples flush before ev
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,34 +51,41 @@ def time_calls(
     keep_copy: Callable[[object], object] | None = None,
     flush: Callable[[], None] | None = None,
     working_set_bytes: int = 0,
+    seed: int = 0,
 ) -> TimedLoop:
     """Warm up, then take synchronised samples, each long enough for the clock's resolution.
 
     Call i of the loop uses input set i mod `sets`. `before_kept(index)` runs (untimed) before a
-    sample whose first call is kept. With `keep_copy` (variants that write into their inputs),
-    the kept output is copied once its sample ends and the rest of that sample leaves its input
-    set alone. With `flush`, every sample is one call after a flush.
+    sample with a kept call. The kept call sits at a seeded random offset in its sample, so a
+    kernel cannot tell which calls are checked. With `keep_copy` (variants that write into their
+    inputs) the kept call is its sample's first, its output is copied once the sample ends, and
+    the rest of that sample leaves its input set alone. With `flush`, every sample is one call
+    after a flush.
     """
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
     sample_s = calls_per_sample * estimate
     count = int(min(settings.max_samples, max(settings.min_samples, settings.budget_s / sample_s)))
     keep_every = max(1, count // max(settings.checked_calls, 1))
+    offsets = random.Random(seed)
     samples_ms: list[float] = []
     kept: list[tuple[int, object]] = []
     position = 0
     for sample in range(count):
         keep = settings.checked_calls > 0 and sample % keep_every == 0
+        at = 0 if keep_copy else offsets.randrange(calls_per_sample)
+        kept_set = (position + at) % sets
         if keep and before_kept is not None:
-            before_kept(position % sets)
+            before_kept(kept_set)
         if flush is not None:
             flush()
         synchronize()
         start = time.perf_counter()
-        kept_set = position % sets
         if keep:
+            for offset in range(at):
+                call((position + offset) % sets)
             kept_out = call(kept_set)
-            for offset in range(1, calls_per_sample):
+            for offset in range(at + 1, calls_per_sample):
                 index = (position + offset) % sets
                 call((index + 1) % sets if keep_copy and index == kept_set and sets > 1 else index)
         else:

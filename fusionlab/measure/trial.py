@@ -3,6 +3,7 @@ cold, and profile it. Runs in the worker process; failures become statuses, neve
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 import traceback
@@ -94,6 +95,8 @@ def run_trial(task: TrialTask) -> TrialRecord:
     except Exception as error:
         record.status, record.message = Status.RUNTIME_ERROR, describe(error)
         traceback.print_exc(file=sys.stderr)
+    if not record.passed or get_variant(task.cell.op, task.variant).inplace:
+        _INPUTS.drop()  # the sets may have been written to; the next trial makes new ones
     record.trial_s = time.perf_counter() - start
     return record
 
@@ -145,7 +148,9 @@ def build_and_gate(
     return measured, setup_ms, first_ms, accuracy
 
 
-def timed_and_checked(m: Measured, count: int, settings: TimingSettings, cold: bool) -> Timing:
+def timed_and_checked(
+    m: Measured, count: int, settings: TimingSettings, cold: bool, seed: int = 0
+) -> Timing:
     """The timing loop over `count` input sets; the kept timed calls pass the whole gate."""
     m.sets.ensure(count)
     args = m.sets.sets[:count]
@@ -165,16 +170,16 @@ def timed_and_checked(m: Measured, count: int, settings: TimingSettings, cold: b
         keep_copy=_copy_outputs if inplace else None,
         flush=m.device.flush_cache if cold and m.device.event_device_types else None,
         working_set_bytes=count * m.sets.bytes_per_set,
+        seed=seed,
     )
     held: list[torch.Tensor] = []
+    if not inplace:  # memory first: a reused buffer also makes the earlier values wrong
+        for index, out in loop.kept:
+            held += check_memory(m.spec.as_outputs(out), args[index], m.spec, {}, held)
     for number, (index, out) in enumerate(loop.kept):
-        outputs = m.spec.as_outputs(out)
         references = before[number] if inplace else m.sets.reference(index)
-        check_values(
-            outputs, references, m.spec, m.like, m.tolerance, f"in timed call {number + 1}"
-        )
-        if not inplace:
-            held += check_memory(outputs, args[index], m.spec, m.variant.inplace, held)
+        where = f"in timed call {number + 1}"
+        check_values(m.spec.as_outputs(out), references, m.spec, m.like, m.tolerance, where)
     return loop.timing
 
 
@@ -185,22 +190,33 @@ def _copy_outputs(out: object) -> object:
 
 
 def check_follows_new_values(m: Measured, seed: int) -> None:
-    """New values written into the same tensors (same address) must give the new answer."""
+    """New values written into the same tensors (same address, same version counter) must give
+    the new answer: all values at once, then one element far from the start (a kernel that
+    hashes part of its input to reuse results misses it)."""
     target = m.sets.sets[0]
     saved = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in target)
     fresh = m.spec.make_inputs(m.sets.shape, m.sets.dtype, m.sets.device, seed + _REFILL_SEED)
-    refill_in_place(target, fresh)
-    references = m.spec.reference(fresh)
     try:
-        outputs = m.spec.as_outputs(m.kernel(*target))
-        check_values(outputs, references, m.spec, m.like, m.tolerance)
-    except GateFailure as failure:
-        raise GateFailure(
-            Status.STALE_RESULT,
-            f"after its input changed in place (same tensor, same address): {failure}",
-        ) from None
+        refill_in_place(target, fresh)
+        _check_new_answer(m, target, "after all its input values changed in place")
+        first = tensors_in(target)[0]
+        flat = first.data.view(-1) if first.is_contiguous() else None
+        if flat is not None and flat.numel() > 1:
+            index = flat.numel() - 1 - random.Random(seed).randrange(max(flat.numel() // 2, 1))
+            flat[index] = flat[index] * -2 + 1
+            _check_new_answer(m, target, f"after one value (flat index {index}) changed in place")
     finally:
         refill_in_place(target, saved)
+
+
+def _check_new_answer(m: Measured, inputs: tuple[object, ...], when: str) -> None:
+    references = m.spec.reference(inputs)
+    try:
+        check_values(m.spec.as_outputs(m.kernel(*inputs)), references, m.spec, m.like, m.tolerance)
+    except GateFailure as failure:
+        raise GateFailure(
+            Status.STALE_RESULT, f"{when} (same tensor, same address): {failure}"
+        ) from None
 
 
 def copy_limit(
@@ -221,39 +237,32 @@ def copy_limit(
 
 def _measure(task: TrialTask, record: TrialRecord) -> None:
     cell = task.cell
-    try:
-        m, record.setup_ms, record.first_call_ms, record.accuracy = build_and_gate(
-            cell, task.variant, task.params, task.seed
-        )
-        dtype = torch_dtype(cell.dtype)
-        record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
-        record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False)
-        cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
-        if cold_count > WARM_SETS or m.device.event_device_types:
-            record.cold = timed_and_checked(m, cold_count, task.timing, cold=True)
-        record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
-        check_follows_new_values(m, task.seed)
-        if not m.variant.inplace:
-            modified = m.sets.modified(cold_count)
-            if modified:
-                raise GateFailure(
-                    Status.INCORRECT, f"the calls modified input set(s) {modified[:5]}"
-                )
-        x_bytes = m.like.numel() * m.like.element_size()
-        for mode in ("warm", "cold"):
-            limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold")
-            record.limits[mode] = limit
+    m, record.setup_ms, record.first_call_ms, record.accuracy = build_and_gate(
+        cell, task.variant, task.params, task.seed
+    )
+    dtype = torch_dtype(cell.dtype)
+    record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
+    record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False, seed=task.seed)
+    cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
+    if cold_count > WARM_SETS or m.device.event_device_types:
+        record.cold = timed_and_checked(m, cold_count, task.timing, cold=True, seed=task.seed + 1)
+    record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
+    check_follows_new_values(m, task.seed)
+    if not m.variant.inplace:
+        modified = m.sets.modified(cold_count)
+        if modified:
+            raise GateFailure(Status.INCORRECT, f"the calls modified input set(s) {modified[:5]}")
+    x_bytes = m.like.numel() * m.like.element_size()
+    for mode in ("warm", "cold"):
+        limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold")
+        reason = suspicious_reason(record.gbps(mode), limit)
+        if reason:  # a noisy moment may have slowed the copy: measure it again first
+            limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold", again=True)
             reason = suspicious_reason(record.gbps(mode), limit)
-            if reason:  # a noisy moment may have slowed the copy: measure it again first
-                limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold", again=True)
-                record.limits[mode] = limit
-                reason = suspicious_reason(record.gbps(mode), limit)
-            if reason:
-                raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
-        _profile(task, record, m)
-    finally:
-        if get_variant(cell.op, task.variant).inplace:
-            _INPUTS.drop()
+        record.limits[mode] = limit
+        if reason:
+            raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
+    _profile(task, record, m)
 
 
 def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:

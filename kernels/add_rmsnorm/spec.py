@@ -1,0 +1,57 @@
+"""The fused residual-add + RMSNorm op spec (the pre-norm block of an LLM layer):
+residual_out = x + residual; y = rmsnorm(residual_out) * weight."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fusionlab.kernels.rmsnorm.spec import EPS, TOLERANCES, rms_norm_float64
+from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
+from fusionlab.registry import register_op
+
+
+def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
+    """Activations, a residual stream of larger magnitude, and a weight far from all ones."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=generator)
+    residual = 2.0 * torch.randn(shape, generator=generator)
+    weight = 1.0 + 0.5 * torch.randn(shape[-1], generator=generator)
+    return tuple(t.to(device=device, dtype=dtype) for t in (x, residual, weight)) + (EPS,)
+
+
+def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """(y, residual_out) in float64 on the CPU."""
+    x, residual, weight, eps = inputs
+    assert isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
+    assert isinstance(weight, torch.Tensor)
+    total = x.detach().to("cpu", torch.float64) + residual.detach().to("cpu", torch.float64)
+    return rms_norm_float64(total, weight, float(eps)), total  # type: ignore[arg-type]
+
+
+def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
+    """Read x, residual and weight; write y and the new residual."""
+    return (4 * math.prod(shape) + shape[-1]) * dtype.itemsize
+
+
+def tolerance(dtype: torch.dtype) -> Tolerance:
+    return TOLERANCES[dtype]
+
+
+ADD_RMSNORM = register_op(
+    OpSpec(
+        name="add_rmsnorm",
+        description="residual add fused with RMSNorm: (rmsnorm(x + residual), x + residual)",
+        inputs=("x", "residual", "weight", "eps"),
+        outputs=("y", "residual_out"),
+        make_inputs=make_inputs,
+        reference=reference,
+        bytes_moved=bytes_moved,
+        tolerance=tolerance,
+        baseline="naive",
+        builtin="builtin",
+        default_shapes="1x4096,128x4096,2048x4096,2048x8192",
+        quick_shapes="1x4096,256x4096",
+    )
+)

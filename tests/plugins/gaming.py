@@ -1,0 +1,169 @@
+"""Adversarial RMSNorm variants: each does less work, or reuses memory, when called again, in a
+way the gate must catch. Several per principle; none may ever be reported as fastest."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from fusionlab import register_variant
+from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+
+CPU = ("cpu",)
+# principle -> (variant, the status it must earn)
+EXPECTED = {
+    "timed outputs are checked": [
+        ("game-skip-after-first", "incorrect"),
+        ("game-every-third-call", "incorrect"),
+        ("game-first-row-only", "incorrect"),
+    ],
+    "fresh memory on every call": [
+        ("game-static-buffer", "reused_memory"),
+        ("game-ring-of-two", "reused_memory"),
+        ("game-same-tensor-per-input", "reused_memory"),
+    ],
+    "in-place value changes give the new answer": [
+        ("game-clone-per-pointer", "stale_result"),
+        ("game-clone-per-pointer-and-version", "stale_result"),
+        ("game-clone-per-sampled-content", "stale_result"),
+    ],
+    "work the profiler sees": [
+        ("game-numpy-hidden", "suspicious"),
+    ],
+}
+
+
+@register_variant("rmsnorm", "game-skip-after-first", devices=CPU)
+def skip_after_first(device_type: str):
+    """Correct once, then hands back uninitialised memory of the right shape."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        return naive_rmsnorm(x, weight, eps) if next(calls) == 0 else torch.empty_like(x)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-every-third-call", devices=CPU)
+def every_third_call(device_type: str):
+    """Batch-and-skip: computes one call in three, returns the last result otherwise."""
+    calls = itertools.count()
+    last: list[torch.Tensor] = []
+
+    def kernel(x, weight, eps):
+        if next(calls) % 3 == 0 or not last:
+            last[:] = [naive_rmsnorm(x, weight, eps)]
+        return last[0].clone()
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-first-row-only", devices=CPU)
+def first_row_only(device_type: str):
+    """Computes the first row each call and reuses the first call's other rows."""
+    first: list[torch.Tensor] = []
+
+    def kernel(x, weight, eps):
+        if not first:
+            first.append(naive_rmsnorm(x, weight, eps))
+        out = first[0].clone()
+        out[..., :1, :] = naive_rmsnorm(x[..., :1, :], weight, eps)
+        return out
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-static-buffer", devices=CPU)
+def static_buffer(device_type: str):
+    """Writes every result into one buffer and returns it (callers' earlier outputs change)."""
+    buffers: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        out = buffers.setdefault(tuple(x.shape), torch.empty_like(x))
+        return out.copy_(naive_rmsnorm(x, weight, eps))
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-ring-of-two", devices=CPU)
+def ring_of_two(device_type: str):
+    """Alternates between two preallocated buffers."""
+    calls = itertools.count()
+    buffers: list[torch.Tensor] = []
+
+    def kernel(x, weight, eps):
+        if not buffers:
+            buffers.extend(torch.empty_like(x) for _ in range(2))
+        return buffers[next(calls) % 2].copy_(naive_rmsnorm(x, weight, eps))
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-same-tensor-per-input", devices=CPU)
+def same_tensor_per_input(device_type: str):
+    """Computes once per input tensor and hands back the same output tensor (the issue's case)."""
+    cache: dict[int, torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        key = x.data_ptr()
+        if key not in cache:
+            cache[key] = naive_rmsnorm(x, weight, eps)
+        return cache[key]
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-clone-per-pointer", devices=CPU)
+def clone_per_pointer(device_type: str):
+    """Computes once per input address, then returns a fresh copy of that result."""
+    cache: dict[int, torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        key = x.data_ptr()
+        if key not in cache:
+            cache[key] = naive_rmsnorm(x, weight, eps)
+        return cache[key].clone()
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-clone-per-pointer-and-version", devices=CPU)
+def clone_per_pointer_and_version(device_type: str):
+    """As above, but recomputes when the tensor's version counter moves."""
+    cache: dict[tuple[int, int], torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        key = (x.data_ptr(), x._version)
+        if key not in cache:
+            cache[key] = naive_rmsnorm(x, weight, eps)
+        return cache[key].clone()
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-clone-per-sampled-content", devices=CPU)
+def clone_per_sampled_content(device_type: str):
+    """Keys its cache on the first 16 values: reads almost nothing, reuses everything."""
+    cache: dict[tuple[object, ...], torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        key = (tuple(x.shape), tuple(x.reshape(-1)[:16].tolist()))
+        if key not in cache:
+            cache[key] = naive_rmsnorm(x, weight, eps)
+        return cache[key].clone()
+
+    return kernel
+
+
+@register_variant("rmsnorm", "game-numpy-hidden", devices=CPU, dtypes=("float32",))
+def numpy_hidden(device_type: str):
+    """Correct, but computed in NumPy: no operator the profiler can see does the work."""
+
+    def kernel(x, weight, eps):
+        h = x.numpy()
+        scale = 1.0 / np.sqrt((h * h).mean(-1, keepdims=True) + eps)
+        return torch.from_numpy((h * scale * weight.numpy()).astype(np.float32))
+
+    return kernel

@@ -1,0 +1,102 @@
+"""The gate cannot be gamed: adversarial variants, several per principle, each earn the status
+of the rule they break; honest variants of every kind pass at every default shape."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import PLUGINS, cpu_cell
+
+from fusionlab.measure.limits import suspicious_reason
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.measure.trial import TrialTask, run_trial
+from fusionlab.records import CopyLimit, Status
+from fusionlab.registry import get_op, load_plugin, register_variant
+
+load_plugin(str(PLUGINS / "gaming.py"))
+EXPECTED = next(
+    module.EXPECTED for name, module in sys.modules.items()
+    if name.startswith("fusionlab_plugin_gaming_")
+)
+
+FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
+CASES = [(principle, *case) for principle, cases in EXPECTED.items() for case in cases]
+
+
+@pytest.mark.parametrize(("principle", "variant", "status"), CASES)
+@pytest.mark.parametrize("shape", [(8, 256), (3, 5, 96)])
+def test_adversarial_variant_is_caught(principle: str, variant: str, status: str, shape) -> None:
+    record = run_trial(TrialTask(cpu_cell("rmsnorm", shape), variant, {}, seed=2, timing=FAST))
+    assert record.status.value == status, f"{principle}: {record.message}"
+    assert record.message and "\n" not in record.message
+    assert not record.passed
+
+
+@register_variant("add_rmsnorm", "game-undeclared-inplace", devices=("cpu",))
+def undeclared_inplace(device_type: str):
+    """Updates the residual in place without declaring it."""
+
+    def kernel(x, residual, weight, eps):
+        residual.add_(x)
+        return torch.rms_norm(residual, (x.shape[-1],), weight, eps), residual.clone()
+
+    return kernel
+
+
+@register_variant("add_rmsnorm", "game-declared-but-fresh", devices=("cpu",),
+                  inplace={"residual_out": "residual"})
+def declared_but_fresh(device_type: str):
+    """Declares an in-place residual but returns fresh memory."""
+
+    def kernel(x, residual, weight, eps):
+        total = x + residual
+        return torch.rms_norm(total, (x.shape[-1],), weight, eps), total
+
+    return kernel
+
+
+@pytest.mark.parametrize(("variant", "message"), [
+    ("game-undeclared-inplace", "modified input 'residual'"),
+    ("game-declared-but-fresh", "declared in place"),
+])
+def test_a_variant_mutates_exactly_what_it_declares(variant: str, message: str) -> None:
+    record = run_trial(TrialTask(cpu_cell("add_rmsnorm", (4, 64)), variant, {}, timing=FAST))
+    assert record.status is Status.INCORRECT and message in record.message
+
+
+def test_declared_inplace_variant_passes() -> None:
+    record = run_trial(TrialTask(cpu_cell("add_rmsnorm", (4, 64), "bfloat16"), "builtin-inplace",
+                                 {}, timing=FAST))
+    assert record.status is Status.PASSED, record.message
+
+
+def test_faster_than_the_copy_limit_is_suspicious() -> None:
+    limit = CopyLimit(fresh_gbps=10.0, inplace_gbps=30.0, size_class=2**20)
+    assert suspicious_reason(3000.0, limit) is not None and "100.0x" in suspicious_reason(3000.0,
+                                                                                         limit)
+    assert suspicious_reason(15.0, limit) is None and suspicious_reason(None, limit) is None
+
+
+HONEST = {
+    "rmsnorm": [("naive", {}), ("builtin", {}), ("compiled", {"mode": "default", "dynamic": False}),
+                ("cpp", {"rows_per_task": 4})],
+    "layernorm": [("naive", {}), ("builtin", {}),
+                  ("compiled", {"mode": "default", "dynamic": False})],
+    "add_rmsnorm": [("naive", {}), ("builtin", {}), ("builtin-inplace", {}),
+                    ("compiled", {"mode": "default", "dynamic": False})],
+}
+
+
+@pytest.mark.parametrize("op", sorted(HONEST))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_honest_variants_pass_at_every_default_shape(op: str, dtype: str) -> None:
+    """No false positives: every honest lowering passes the whole gate where the sweep runs it."""
+    spec = get_op(op)
+    for text in spec.default_shapes.split(","):
+        shape = tuple(int(d) for d in text.split("x"))
+        for variant, params in HONEST[op]:
+            task = TrialTask(cpu_cell(op, shape, dtype), variant, params, timing=FAST)
+            record = run_trial(task)
+            assert record.status is Status.PASSED, f"{op} {text} {variant}: {record.message}"
