@@ -53,9 +53,10 @@ class Contender:
 class Verdict:
     """The decided winner of a cell, with the interval and the reason; plain data throughout.
 
-    `ratio` / `ci_low` / `ci_high` compare the pair (winner, runner_up) as slower / fastest: when
-    the winner is the fastest that is runner_up / winner, when a tie made a slower contender the
-    winner (runner_up is then the fastest) it is winner / runner_up.
+    runner_up: in a tie, the fastest tied contender other than the winner; else the second fastest.
+    `ratio` / `ci_low` / `ci_high` compare that pair as slower / fastest: runner_up / winner when
+    the winner is the fastest; winner / runner_up when a tie made a slower contender the winner
+    (runner_up is then the fastest).
     """
 
     ranking: list[str]
@@ -186,7 +187,10 @@ def decide(contenders: Sequence[Contender]) -> Verdict:
     bar = 1 + TIE_THRESHOLD
     tied = [fastest] + [contenders[i] for i in order[1:] if versus[contenders[i].name][1] < bar]
     winner = min(tied, key=lambda c: _preference(c, latency[c.name]))
-    runner_up = contenders[order[1]] if winner is fastest else fastest
+    partners = [c for c in tied if c is not winner]
+    # The runner-up is the contender the reason names: the one the winner tied with, else the
+    # second fastest.
+    runner_up = partners[0] if partners else contenders[order[1]]
     slower = runner_up if winner is fastest else winner
     ratio, low, high = versus[slower.name]
     if len(tied) == 1:

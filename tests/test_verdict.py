@@ -130,6 +130,18 @@ def test_tie_group_among_three_holds_only_those_within_the_threshold() -> None:
     assert verdict.versus_fastest["builtin"][1] > 1 + TIE_THRESHOLD
 
 
+def test_runner_up_is_the_tied_contender_not_the_untied_second() -> None:
+    verdict = decide([
+        _contender("builtin", "builtin", 1.00, 0.005, seed=26),
+        _contender("cpp", "custom", 1.06, 0.005, seed=27),  # second fastest, clearly slower
+        _contender("compiled", "compiled", 1.15, 0.40, seed=29),  # too noisy to rule out
+    ])
+    assert verdict.ranking[:2] == ["builtin", "cpp"]
+    assert set(verdict.tie_group) == {"builtin", "compiled"}
+    assert (verdict.winner, verdict.runner_up) == ("builtin", "compiled")
+    assert verdict.reason.startswith("tie with compiled (")
+
+
 def test_single_contender_wins_alone() -> None:
     verdict = decide([_contender("cpp", "custom", 1.0, 0.01, seed=18)])
     assert (verdict.winner, verdict.runner_up, verdict.tie) == ("cpp", None, False)
