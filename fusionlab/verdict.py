@@ -1,0 +1,227 @@
+"""A cell's winner from interleaved re-measurement rounds: a bootstrap interval and a tie rule.
+
+Each contender is measured in R rounds; round r measures every contender once (rotated order), so
+drift over the run (clock, thermals, other processes) hits all contenders alike in that round.
+The round is therefore the unit of replication:
+
+* latency = the median of the round medians (each round weighs the same whatever its sample
+  count, and a disturbed round moves it by at most one rank; the estimator mirrors the resampling);
+* the interval of a ratio (contender / fastest) is a paired bootstrap: each resample draws R round
+  indices with replacement, the SAME indices for every contender (so a slow round is slow for
+  both sides of the ratio), and a within-round resampled median for each drawn round; percentile
+  interval, fixed seed, so the same data always gives the same interval;
+* tie: the interval's lower bound is below 1 + TIE_THRESHOLD, i.e. the data cannot rule out that
+  the slower one is within 3% of the fastest; the tie is then broken by the declared preference:
+  the simpler kind of lowering, then the lower first-use cost, then the faster median.
+
+Within-round medians are drawn from a per-(contender, round) bank of BANK bootstrap medians,
+built once, so the outer loop stays pure Python and fast (< 50 ms for 3 x 5 x 20 samples).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TIE_THRESHOLD = 0.03
+"""Ratios whose interval reaches below 1.03 count as a tie: smaller gaps are not worth a
+more complex lowering, and run-to-run drift on shared machines is of that order."""
+
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+SEED = 0
+BANK = 128
+
+KIND_ORDER: tuple[str, ...] = ("builtin", "baseline", "compiled", "custom")
+"""Preference among tied contenders, simplest lowering first; unknown kinds rank last."""
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A variant's cell measurements: `rounds[r]` holds its per-call samples (ms) in round r."""
+
+    name: str
+    kind: str
+    first_use_ms: float | None
+    rounds: Sequence[Sequence[float]]
+
+
+@dataclass
+class Verdict:
+    """The decided winner of a cell, with the interval and the reason; plain data throughout.
+
+    runner_up: in a tie, the fastest tied contender other than the winner; else the second fastest.
+    `ratio` / `ci_low` / `ci_high` compare that pair as slower / fastest: runner_up / winner when
+    the winner is the fastest; winner / runner_up when a tie made a slower contender the winner
+    (runner_up is then the fastest).
+    """
+
+    ranking: list[str]
+    latency_ms: dict[str, float]
+    winner: str
+    runner_up: str | None
+    ratio: float | None
+    ci_low: float | None
+    ci_high: float | None
+    tie: bool
+    tie_group: list[str]
+    reason: str
+    versus_fastest: dict[str, list[float]] = field(default_factory=dict)
+    confidence: float = CONFIDENCE
+    threshold: float = TIE_THRESHOLD
+    resamples: int = RESAMPLES
+    seed: int = SEED
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        return cls(**data)
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+def _latency(contender: Contender) -> float:
+    return _median([_median(samples) for samples in contender.rounds])
+
+
+def _validate(contenders: Sequence[Contender]) -> int:
+    if not contenders:
+        raise ValueError("no contenders to decide between")
+    names = [c.name for c in contenders]
+    if len(set(names)) != len(names):
+        raise ValueError(f"contender names repeat: {names}")
+    counts = {len(c.rounds) for c in contenders}
+    if len(counts) != 1:
+        raise ValueError(f"contenders must share their rounds (paired); round counts {counts}")
+    for contender in contenders:
+        if not contender.rounds or any(not samples for samples in contender.rounds):
+            raise ValueError(f"{contender.name}: every round needs at least one sample")
+    return counts.pop()
+
+
+def _banks(contenders: Sequence[Contender], rng: random.Random) -> list[list[list[float]]]:
+    """bank[c][r]: BANK bootstrap medians of contender c's samples in round r."""
+    banks = []
+    for contender in contenders:
+        per_round = []
+        for samples in contender.rounds:
+            values = list(samples)
+            k = len(values)
+            per_round.append([_median(rng.choices(values, k=k)) for _ in range(BANK)])
+        banks.append(per_round)
+    return banks
+
+
+def _intervals(
+    contenders: Sequence[Contender], fastest: int, rounds: int
+) -> dict[str, list[float]]:
+    """Percentile interval of latency(c) / latency(fastest) for every other contender c."""
+    rng = random.Random(SEED)
+    banks = _banks(contenders, rng)
+    others = [i for i in range(len(contenders)) if i != fastest]
+    ratios: dict[int, list[float]] = {i: [] for i in others}
+    randrange = rng.randrange
+    for _ in range(RESAMPLES):
+        drawn = [randrange(rounds) for _ in range(rounds)]
+        stats = [_median([bank[r][randrange(BANK)] for r in drawn]) for bank in banks]
+        for i in others:
+            ratios[i].append(stats[i] / stats[fastest])
+    tail = (1 - CONFIDENCE) / 2
+    result = {}
+    for i, values in ratios.items():
+        values.sort()
+        low = values[math.floor(tail * (RESAMPLES - 1))]
+        high = values[math.ceil((1 - tail) * (RESAMPLES - 1))]
+        point = _latency(contenders[i]) / _latency(contenders[fastest])
+        result[contenders[i].name] = [point, low, high]
+    return result
+
+
+def _kind_rank(kind: str) -> int:
+    return KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+
+
+def _preference(contender: Contender, latency: float) -> tuple[int, float, float]:
+    first_use = math.inf if contender.first_use_ms is None else contender.first_use_ms
+    return (_kind_rank(contender.kind), first_use, latency)
+
+
+def _why(winner: Contender, other: Contender, latency: dict[str, float]) -> str:
+    """Which preference rule put the winner ahead of `other`."""
+    if _kind_rank(winner.kind) < _kind_rank(other.kind):
+        return f"{winner.name} preferred as the simpler lowering ({winner.kind} < {other.kind})"
+    mine = _preference(winner, latency[winner.name])[1]
+    theirs = _preference(other, latency[other.name])[1]
+    if mine < theirs:
+        shown = "unknown" if math.isinf(theirs) else f"{theirs:.3g}"
+        return (f"{winner.name} preferred for its lower first-use cost "
+                f"({mine:.3g} ms vs {shown} ms)")
+    return f"{winner.name} preferred as the faster median"
+
+
+def _fmt(ratio: float, low: float, high: float) -> str:
+    return f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
+
+
+def decide(contenders: Sequence[Contender]) -> Verdict:
+    """Rank by latency, bootstrap each ratio to the fastest, and break ties by preference."""
+    rounds = _validate(contenders)
+    latency = {c.name: _latency(c) for c in contenders}
+    order = sorted(range(len(contenders)), key=lambda i: latency[contenders[i].name])
+    ranking = [contenders[i].name for i in order]
+    fastest = contenders[order[0]]
+    if len(contenders) == 1:
+        return Verdict(ranking, latency, fastest.name, None, None, None, None, False,
+                       [fastest.name], "only contender")
+    versus = _intervals(contenders, order[0], rounds)
+    bar = 1 + TIE_THRESHOLD
+    tied = [fastest] + [contenders[i] for i in order[1:] if versus[contenders[i].name][1] < bar]
+    winner = min(tied, key=lambda c: _preference(c, latency[c.name]))
+    partners = [c for c in tied if c is not winner]
+    # The runner-up is the contender the reason names: the one the winner tied with, else the
+    # second fastest.
+    runner_up = partners[0] if partners else contenders[order[1]]
+    slower = runner_up if winner is fastest else winner
+    ratio, low, high = versus[slower.name]
+    if len(tied) == 1:
+        reason = f"{winner.name} {_fmt(ratio, low, high)} faster than {runner_up.name}"
+    else:
+        reason = (f"tie with {runner_up.name} ({_fmt(ratio, low, high)} < {bar:.2f}): "
+                  f"{_why(winner, runner_up, latency)}")
+    return Verdict(ranking, latency, winner.name, runner_up.name, ratio, low, high,
+                   len(tied) > 1, [c.name for c in tied], reason, versus)
+
+
+def ranked_by_cost(contenders: Sequence[Contender], calls: int) -> list[tuple[str, float | None]]:
+    """(name, first use + calls x latency in ms), cheapest first; unknown first use ranks last."""
+    totals = []
+    for contender in contenders:
+        latency = _latency(contender)
+        total = None if contender.first_use_ms is None else contender.first_use_ms + calls * latency
+        totals.append((contender.name, total, latency))
+    totals.sort(key=lambda t: (t[1] is None, t[1] if t[1] is not None else t[2]))
+    return [(name, total) for name, total, _ in totals]
+
+
+def break_even_calls(
+    first_use_a: float, latency_a: float, first_use_b: float, latency_b: float
+) -> float | None:
+    """Calls after which a's total cost (first use + calls x latency) stays below b's.
+
+    0.0 when a is cheaper from the first call on; None when a never stays cheaper.
+    """
+    if latency_a < latency_b:
+        return max(0.0, (first_use_a - first_use_b) / (latency_b - latency_a))
+    if latency_a == latency_b and first_use_a < first_use_b:
+        return 0.0
+    return None

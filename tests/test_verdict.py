@@ -1,0 +1,201 @@
+"""Winner decisions on synthetic rounds whose true ratios are known."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from fusionlab.verdict import (
+    TIE_THRESHOLD,
+    Contender,
+    Verdict,
+    break_even_calls,
+    decide,
+    ranked_by_cost,
+)
+
+ROUNDS, SAMPLES = 5, 20
+
+
+def _contender(
+    name: str,
+    kind: str,
+    median_ms: float,
+    noise: float,
+    seed: int,
+    first_use_ms: float | None = 1.0,
+    drift: list[float] | None = None,
+) -> Contender:
+    """Log-normal samples around `median_ms`; `drift[r]` scales round r (for all alike)."""
+    rng = random.Random(seed)
+    scale = drift or [1.0] * ROUNDS
+    rounds = [
+        [median_ms * scale[r] * rng.lognormvariate(0.0, noise) for _ in range(SAMPLES)]
+        for r in range(len(scale))
+    ]
+    return Contender(name, kind, first_use_ms, rounds)
+
+
+def test_clearly_different_is_not_a_tie_and_interval_holds_the_true_ratio() -> None:
+    verdict = decide([
+        _contender("compiled", "compiled", 1.10, 0.01, seed=1),
+        _contender("cpp", "custom", 1.00, 0.01, seed=2),
+    ])
+    assert verdict.ranking == ["cpp", "compiled"]
+    assert (verdict.winner, verdict.runner_up, verdict.tie) == ("cpp", "compiled", False)
+    assert verdict.ci_low > 1 + TIE_THRESHOLD
+    assert verdict.ci_low <= 1.10 <= verdict.ci_high
+    assert verdict.reason.startswith("cpp 1.10x [")
+    assert verdict.reason.endswith("faster than compiled")
+
+
+def test_identical_distributions_tie_and_the_simpler_kind_wins() -> None:
+    verdict = decide([
+        _contender("cpp", "custom", 1.0, 0.03, seed=3),
+        _contender("builtin", "builtin", 1.0, 0.03, seed=4),
+    ])
+    assert verdict.tie
+    assert set(verdict.tie_group) == {"cpp", "builtin"}
+    assert verdict.winner == "builtin"
+    assert verdict.ci_low < 1 + TIE_THRESHOLD
+    assert "builtin preferred as the simpler lowering" in verdict.reason
+    assert verdict.reason.startswith("tie with cpp (")
+
+
+def test_same_kind_tie_is_broken_by_first_use_cost() -> None:
+    verdict = decide([
+        _contender("cpp-a", "custom", 1.0, 0.03, seed=5, first_use_ms=900.0),
+        _contender("cpp-b", "custom", 1.0, 0.03, seed=6, first_use_ms=2.0),
+    ])
+    assert verdict.tie
+    assert verdict.winner == "cpp-b"
+    assert "lower first-use cost" in verdict.reason
+
+
+def test_two_percent_apart_is_a_tie() -> None:
+    verdict = decide([
+        _contender("cpp", "custom", 1.00, 0.01, seed=7),
+        _contender("compiled", "compiled", 1.02, 0.01, seed=8),
+    ])
+    assert verdict.tie
+    assert verdict.ci_low < 1 + TIE_THRESHOLD
+    assert verdict.winner == "compiled"  # simpler than custom, and within the threshold
+    assert verdict.runner_up == "cpp"
+    assert verdict.ratio == pytest.approx(1.02, abs=0.01)
+
+
+def test_noisy_but_twenty_percent_apart_is_not_a_tie() -> None:
+    verdict = decide([
+        _contender("builtin", "builtin", 1.2, 0.15, seed=9),
+        _contender("cpp", "custom", 1.0, 0.15, seed=10),
+    ])
+    assert not verdict.tie
+    assert verdict.winner == "cpp"
+    assert verdict.ci_low > 1 + TIE_THRESHOLD
+    assert verdict.ci_low <= 1.2 <= verdict.ci_high
+
+
+def test_same_input_gives_the_same_interval() -> None:
+    contenders = [
+        _contender("cpp", "custom", 1.0, 0.05, seed=11),
+        _contender("compiled", "compiled", 1.05, 0.05, seed=12),
+    ]
+    assert decide(contenders) == decide(list(contenders))
+
+
+def test_drift_shared_by_a_round_does_not_change_the_ranking() -> None:
+    drift = [1.0, 1.6, 0.8, 2.0, 1.3]  # each round is slower or faster for every contender alike
+    verdict = decide([
+        _contender("compiled", "compiled", 1.08, 0.01, seed=13, drift=drift),
+        _contender("cpp", "custom", 1.00, 0.01, seed=14, drift=drift),
+    ])
+    assert verdict.ranking == ["cpp", "compiled"]
+    assert not verdict.tie  # pairing by round cancels the drift in the ratio
+    assert verdict.ci_low <= 1.08 <= verdict.ci_high
+    assert verdict.ci_high - verdict.ci_low < 0.05
+
+
+def test_tie_group_among_three_holds_only_those_within_the_threshold() -> None:
+    verdict = decide([
+        _contender("cpp", "custom", 1.00, 0.01, seed=15, first_use_ms=50.0),
+        _contender("compiled", "compiled", 1.01, 0.01, seed=16, first_use_ms=3000.0),
+        _contender("builtin", "builtin", 1.25, 0.01, seed=17),
+    ])
+    assert verdict.ranking == ["cpp", "compiled", "builtin"]
+    assert set(verdict.tie_group) == {"cpp", "compiled"}
+    assert verdict.winner == "compiled"
+    assert verdict.versus_fastest["builtin"][1] > 1 + TIE_THRESHOLD
+
+
+def test_runner_up_is_the_tied_contender_not_the_untied_second() -> None:
+    verdict = decide([
+        _contender("builtin", "builtin", 1.00, 0.005, seed=26),
+        _contender("cpp", "custom", 1.06, 0.005, seed=27),  # second fastest, clearly slower
+        _contender("compiled", "compiled", 1.15, 0.40, seed=29),  # too noisy to rule out
+    ])
+    assert verdict.ranking[:2] == ["builtin", "cpp"]
+    assert set(verdict.tie_group) == {"builtin", "compiled"}
+    assert (verdict.winner, verdict.runner_up) == ("builtin", "compiled")
+    assert verdict.reason.startswith("tie with compiled (")
+
+
+def test_single_contender_wins_alone() -> None:
+    verdict = decide([_contender("cpp", "custom", 1.0, 0.01, seed=18)])
+    assert (verdict.winner, verdict.runner_up, verdict.tie) == ("cpp", None, False)
+
+
+def test_unpaired_rounds_are_refused() -> None:
+    short = Contender("b", "builtin", 1.0, [[1.0]] * (ROUNDS - 1))
+    with pytest.raises(ValueError, match="share their rounds"):
+        decide([_contender("a", "custom", 1.0, 0.01, seed=19), short])
+
+
+def test_verdict_round_trips_through_a_plain_dict() -> None:
+    verdict = decide([
+        _contender("cpp", "custom", 1.0, 0.02, seed=20),
+        _contender("compiled", "compiled", 1.1, 0.02, seed=21),
+    ])
+    assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict
+
+
+def test_bootstrap_is_fast_enough() -> None:
+    contenders = [
+        _contender(name, "custom", 1.0 + 0.05 * i, 0.05, seed=30 + i)
+        for i, name in enumerate(("a", "b", "c"))
+    ]
+    best = float("inf")
+    for _ in range(3):  # best of three: the machine is shared
+        start = time.perf_counter()
+        decide(contenders)
+        best = min(best, time.perf_counter() - start)
+    assert best < 0.05
+
+
+def test_break_even_calls() -> None:
+    # a: 100 ms to build, 1 ms a call; b: free to build, 2 ms a call -> even after 100 calls.
+    assert break_even_calls(100.0, 1.0, 0.0, 2.0) == pytest.approx(100.0)
+    assert break_even_calls(0.0, 1.0, 100.0, 2.0) == 0.0
+    assert break_even_calls(0.0, 2.0, 100.0, 1.0) is None  # cheaper at first, never after
+    assert break_even_calls(5.0, 1.0, 10.0, 1.0) == 0.0
+    assert break_even_calls(10.0, 1.0, 5.0, 1.0) is None
+
+
+def test_cost_ranking_flips_with_the_number_of_calls() -> None:
+    compiled = _contender("compiled", "compiled", 1.0, 0.01, seed=22, first_use_ms=2000.0)
+    builtin = _contender("builtin", "builtin", 1.5, 0.01, seed=23, first_use_ms=1.0)
+    few = ranked_by_cost([compiled, builtin], calls=10)
+    many = ranked_by_cost([compiled, builtin], calls=100_000)
+    assert [name for name, _ in few] == ["builtin", "compiled"]
+    assert [name for name, _ in many] == ["compiled", "builtin"]
+    assert few[0][1] == pytest.approx(1.0 + 10 * 1.5, rel=0.02)
+
+
+def test_unknown_first_use_ranks_last_by_cost() -> None:
+    unknown = _contender("cpp", "custom", 0.5, 0.01, seed=24, first_use_ms=None)
+    known = _contender("builtin", "builtin", 1.0, 0.01, seed=25)
+    assert ranked_by_cost([unknown, known], calls=10) == [
+        ("builtin", pytest.approx(11.0, rel=0.02)), ("cpp", None)
+    ]
