@@ -21,9 +21,10 @@ from collections.abc import Callable
 import torch
 from tabulate import tabulate
 
+from fusionlab.devices.cpu import cpu_llc_bytes
 from fusionlab.kernels.rmsnorm.cpu_cpp import ROWS_PER_TASK_CHOICES, rms_norm_cpp
 from fusionlab.kernels.rmsnorm.framework import builtin_rmsnorm, compiled, naive_rmsnorm
-from fusionlab.limits import SLACK, _Rotating, _rotation, llc_bytes, median_call_s
+from fusionlab.measure.limits import SLACK, _Rotating, _rotation, median_call_s
 
 SHAPES = "1x4096,32x4096,512x4096,2048x8192,2048x4096"
 EPS = 1e-6
@@ -61,7 +62,7 @@ def _measure(
 ) -> dict[str, float]:
     """Median seconds per call of the copies, the lowerings and the cheat, interleaved."""
     numel = math.prod(shape)
-    count, _, _ = _rotation(numel * dtype.itemsize, llc_bytes("cpu"), cold)
+    count, _, _ = _rotation(numel * dtype.itemsize, cpu_llc_bytes(), cold)
     xs = [torch.randn(shape).to(dtype) for _ in range(count)]
     w = (1 + 0.5 * torch.randn(shape[-1])).to(dtype)
     targets = [torch.empty_like(x) for x in xs]
@@ -87,7 +88,7 @@ def main() -> None:
     shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
-    print(f"torch {torch.__version__}, LLC {llc_bytes('cpu')} B, threads {threads}, SLACK {SLACK}")
+    print(f"torch {torch.__version__}, LLC {cpu_llc_bytes()} B, threads {threads}, SLACK {SLACK}")
     rows, worst, cheats, cross = [], {}, [], []
     for dtype in dtypes:
         for shape in shapes:

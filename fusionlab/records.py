@@ -86,17 +86,33 @@ class Accuracy:
 
 
 @dataclass
-class CopyLimit:
-    """The device's own copy bandwidth at a trial's size class, measured in the same run (GB/s)."""
+class CopyLimits:
+    """Copy bandwidths (GB/s, read + write) of one (device, dtype, size) and how they were made:
+    `clone` gets a fresh output (allocation included), `copy_` writes an existing buffer."""
 
-    fresh_gbps: float  # out-of-place copy: fresh output, allocation included
-    inplace_gbps: float  # copy into an existing buffer
+    device_type: str
+    dtype: str
+    nbytes: int
     size_class: int
+    clone_gbps: float
+    copy_gbps: float
+    cold: bool
+    cold_achieved: bool
+    buffers: int
+    llc_bytes: int | None
     note: str = ""
 
     @property
-    def best_gbps(self) -> float:
-        return max(self.fresh_gbps, self.inplace_gbps)
+    def limit_gbps(self) -> float:
+        """The faster of the two copies: the most this device was seen to move at this size."""
+        return max(self.clone_gbps, self.copy_gbps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CopyLimits:
+        return cls(**data)
 
 
 @dataclass
@@ -115,7 +131,7 @@ class TrialRecord:
     cold_note: str = ""
     fusion: Fusion | None = None
     accuracy: Accuracy | None = None
-    limits: dict[str, CopyLimit] = field(default_factory=dict)  # by rank mode
+    limits: dict[str, CopyLimits] = field(default_factory=dict)  # by rank mode
     bytes_moved: int = 0
     seed: int = 0
     trial_s: float = 0.0  # wall time inside the worker for this trial
@@ -163,7 +179,7 @@ class TrialRecord:
         limit, achieved = self.limits.get(mode), self.gbps(mode)
         if limit is None or achieved is None:
             return None
-        return {"fresh": achieved / limit.fresh_gbps, "inplace": achieved / limit.inplace_gbps}
+        return {"fresh": achieved / limit.clone_gbps, "inplace": achieved / limit.copy_gbps}
 
     def config_label(self) -> str:
         """`variant(k=v, ...)` for progress lines and tables."""
@@ -192,5 +208,5 @@ class TrialRecord:
         ):
             if data.get(name) is not None:
                 data[name] = kind(**data[name])
-        data["limits"] = {k: CopyLimit(**v) for k, v in (data.get("limits") or {}).items()}
+        data["limits"] = {k: CopyLimits(**v) for k, v in (data.get("limits") or {}).items()}
         return cls(**data)

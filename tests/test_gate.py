@@ -9,10 +9,9 @@ import pytest
 import torch
 from conftest import PLUGINS, cpu_cell
 
-from fusionlab.measure.limits import suspicious_reason
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
-from fusionlab.records import CopyLimit, Status
+from fusionlab.records import Status
 from fusionlab.registry import get_op, load_plugin, register_variant
 
 load_plugin(str(PLUGINS / "gaming.py"))
@@ -70,13 +69,6 @@ def test_declared_inplace_variant_passes() -> None:
     record = run_trial(TrialTask(cpu_cell("add_rmsnorm", (4, 64), "bfloat16"), "builtin-inplace",
                                  {}, timing=FAST))
     assert record.status is Status.PASSED, record.message
-
-
-def test_faster_than_the_copy_limit_is_suspicious() -> None:
-    limit = CopyLimit(fresh_gbps=10.0, inplace_gbps=30.0, size_class=2**20)
-    assert suspicious_reason(3000.0, limit) is not None and "100.0x" in suspicious_reason(3000.0,
-                                                                                         limit)
-    assert suspicious_reason(15.0, limit) is None and suspicious_reason(None, limit) is None
 
 
 HONEST = {

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusionlab.limits import (
+from fusionlab.devices.cpu import cpu_llc_bytes
+from fusionlab.measure.limits import (
     ROTATION_CAP_BYTES,
     SLACK,
-    CopyLimits,
     LimitsCache,
     _rotation,
-    cpu_llc_bytes,
     huge_page_clone_gbps,
     measure_copy_limits,
     size_class,
     suspicious_reason,
 )
+from fusionlab.records import CopyLimits
 
 
 def _no_sync() -> None:
@@ -34,7 +34,7 @@ def _limits(clone: float, copy: float) -> CopyLimits:
 @pytest.mark.parametrize("cold", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_real_cpu_copy_limits_are_positive_and_finite(cold: bool, dtype: torch.dtype) -> None:
-    limits = measure_copy_limits("cpu", dtype, 64 << 10, _no_sync, cold)
+    limits = measure_copy_limits("cpu", dtype, 64 << 10, _no_sync, cold, cpu_llc_bytes())
     for gbps in (limits.clone_gbps, limits.copy_gbps):
         assert math.isfinite(gbps) and gbps > 0
     assert (limits.nbytes, limits.size_class, limits.dtype) == (64 << 10, 16, str(dtype)[6:])
@@ -77,8 +77,8 @@ def test_size_classes_are_power_of_two_buckets() -> None:
 
 def test_cache_measures_once_per_size_class_and_round_trips() -> None:
     cache = LimitsCache()
-    first = cache.get_or_measure("cpu", torch.float32, 40_000, _no_sync, cold=False)
-    same_class = cache.get_or_measure("cpu", torch.float32, 60_000, _no_sync, cold=False)
+    first = cache.get_or_measure("cpu", torch.float32, 40_000, _no_sync, cold=False, llc=None)
+    same_class = cache.get_or_measure("cpu", torch.float32, 60_000, _no_sync, cold=False, llc=None)
     assert same_class is first  # 40 000 and 60 000 bytes share the 2^15 bucket
     assert cache.get("cpu", torch.float32, 40_000, cold=True) is None
     assert cache.get("cpu", torch.bfloat16, 40_000, cold=False) is None

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fusionlab.verdict import (
+from fusionlab.report.verdict import (
     TIE_THRESHOLD,
     Contender,
     Verdict,

@@ -9,7 +9,8 @@ import torch
 
 from fusionlab.devices import Device, register_device
 
-_FALLBACK_CACHE_BYTES = 32 * 2**20
+_FALLBACK_CACHE_BYTES = 32 * 2**20  # when sysfs does not say
+_CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
 
 
 def _cpu_model() -> str:
@@ -24,20 +25,26 @@ def _cpu_model() -> str:
 
 
 def _size_bytes(text: str) -> int:
+    """sysfs cache sizes: '32768K', '1M', or plain bytes."""
     units = {"K": 2**10, "M": 2**20, "G": 2**30}
     text = text.strip().upper()
     return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)
 
 
-def last_level_cache_bytes() -> int:
-    """The largest cache sysfs reports for cpu0 (the LLC), or 32 MiB when it cannot be read."""
-    sizes = []
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+def cpu_llc_bytes(root: Path = _CACHE_ROOT) -> int | None:
+    """Size of cpu0's highest-level data/unified cache from sysfs, or None when not exposed."""
+    best: tuple[int, int] | None = None
+    for index in sorted(root.glob("index*")):
         try:
-            sizes.append(_size_bytes((index / "size").read_text()))
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = _size_bytes((index / "size").read_text())
         except (OSError, ValueError):
             continue
-    return max(sizes, default=_FALLBACK_CACHE_BYTES)
+        if best is None or level > best[0]:
+            best = (level, size)
+    return None if best is None else best[1]
 
 
 @register_device
@@ -51,7 +58,7 @@ class CpuDevice(Device):
         return f"{_cpu_model()} ({torch.get_num_threads()} threads)"
 
     def cache_bytes(self) -> int:
-        return last_level_cache_bytes()
+        return cpu_llc_bytes() or _FALLBACK_CACHE_BYTES
 
     def available_memory(self) -> int | None:
         try:

@@ -23,7 +23,7 @@ from fusionlab.measure.correctness import (
     snapshot,
 )
 from fusionlab.measure.inputs import WARM_SETS, InputCache, InputSets, tensors_in
-from fusionlab.measure.limits import measure_copy_limit, size_class, suspicious_reason
+from fusionlab.measure.limits import LimitsCache, measure_copy_limits, suspicious_reason
 from fusionlab.measure.profiling import (
     ProfilerSettings,
     export_trace,
@@ -33,14 +33,14 @@ from fusionlab.measure.profiling import (
 )
 from fusionlab.measure.timing import TimingSettings, time_calls, timed_once
 from fusionlab.op import OpSpec, Tolerance
-from fusionlab.records import Accuracy, CopyLimit, Status, Timing, TrialRecord
+from fusionlab.records import Accuracy, CopyLimits, Status, Timing, TrialRecord
 from fusionlab.registry import Kernel, Variant, get_op, get_variant
 from fusionlab.shapes import format_shape, torch_dtype
 
 # Seed offset of the values written into an input in place, to see that the answer follows.
 _REFILL_SEED = 7919
 _INPUTS = InputCache()
-_LIMITS: dict[tuple[str, str, int, bool], CopyLimit] = {}
+_LIMITS = LimitsCache()
 
 
 @dataclass(frozen=True)
@@ -221,18 +221,17 @@ def _check_new_answer(m: Measured, inputs: tuple[object, ...], when: str) -> Non
 
 def copy_limit(
     device: Device, dtype: torch.dtype, nbytes: int, cold: bool, again: bool = False
-) -> CopyLimit:
+) -> CopyLimits:
     """The device's copy bandwidth at this size class, once per worker process (`again`:
-    measure anew, keeping the better figure)."""
-    key = (device.type, str(dtype), size_class(nbytes), cold)
-    if key not in _LIMITS or again:
-        per_source = max(size_class(nbytes), 1)
-        sources = max(2, -(-2 * device.cache_bytes() // per_source)) if cold else 2
-        sources = min(sources, max(2, 2**30 // per_source), 4096)
-        limit = measure_copy_limit(device.torch_device, dtype, nbytes, device.synchronize, sources)
-        known = _LIMITS.get(key)
-        _LIMITS[key] = limit if known is None or limit.best_gbps > known.best_gbps else known
-    return _LIMITS[key]
+    measure anew and keep the better figure: noise only ever slows a copy)."""
+    known = _LIMITS.get(device.type, dtype, nbytes, cold)
+    if known is None or again:
+        fresh = measure_copy_limits(
+            device.type, dtype, nbytes, device.synchronize, cold, device.cache_bytes()
+        )
+        if known is None or fresh.limit_gbps > known.limit_gbps:
+            _LIMITS.put(fresh)
+    return _LIMITS.get(device.type, dtype, nbytes, cold) or known  # type: ignore[return-value]
 
 
 def _measure(task: TrialTask, record: TrialRecord) -> None:
@@ -255,10 +254,11 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     x_bytes = m.like.numel() * m.like.element_size()
     for mode in ("warm", "cold"):
         limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold")
-        reason = suspicious_reason(record.gbps(mode), limit)
+        achieved = record.gbps(mode) or 0.0
+        reason = suspicious_reason(achieved, limit)
         if reason:  # a noisy moment may have slowed the copy: measure it again first
             limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold", again=True)
-            reason = suspicious_reason(record.gbps(mode), limit)
+            reason = suspicious_reason(achieved, limit)
         record.limits[mode] = limit
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")

@@ -18,7 +18,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
     x = torch.randn(shape, generator=generator)
     residual = 2.0 * torch.randn(shape, generator=generator)
     weight = 1.0 + 0.5 * torch.randn(shape[-1], generator=generator)
-    return tuple(t.to(device=device, dtype=dtype) for t in (x, residual, weight)) + (EPS,)
+    return (*(t.to(device=device, dtype=dtype) for t in (x, residual, weight)), EPS)
 
 
 def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:

@@ -20,7 +20,7 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
     x = 0.5 + torch.randn(shape, generator=generator)
     weight = 1.0 + 0.5 * torch.randn(shape[-1], generator=generator)
     bias = 0.5 * torch.randn(shape[-1], generator=generator)
-    return tuple(t.to(device=device, dtype=dtype) for t in (x, weight, bias)) + (EPS,)
+    return (*(t.to(device=device, dtype=dtype) for t in (x, weight, bias)), EPS)
 
 
 def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
