@@ -15,15 +15,17 @@ Written against AWS Neuron SDK 2.33 (NKI 0.7.0, torch-neuronx 2.14). Sources, re
 - SBUF per partition: nki/about/trainium2_arch: 24 MiB = 128 x 192 KiB on NeuronCore-v2 (Trn1),
   28 MiB = 128 x 224 KiB on NeuronCore-v3 (Trn2). No Trn3 figure was found, so Trn3 gets the
   smaller documented budget rather than a guess.
-- torch launch: torch/guides/how-to-work-with-nki and torch/get-started/quickstart-nki-kernel: call
-  the ``@nki.jit`` kernel on neuron tensors inside a ``torch_neuronx.nki_op(name, mutates_args=...)``
-  custom op; eager calls compile once per shape and constant arguments.
+- torch launch: torch/guides/how-to-work-with-nki and torch/get-started/quickstart-nki-kernel:
+  call the ``@nki.jit`` kernel on neuron tensors inside a
+  ``torch_neuronx.nki_op(name, mutates_args=...)`` custom op; eager calls compile once per shape
+  and constant arguments.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 PMAX = 128  # nl.tile_size.pmax: partitions per tile
@@ -37,7 +39,7 @@ _NOT_ON_PYPI = "it comes from AWS's Neuron repository, not PyPI"
 
 
 def generation(environ: dict[str, str] | None = None) -> str:
-    """trn1, trn2 or trn3 from NEURON_PLATFORM_TARGET_OVERRIDE; trn2 when unset (TorchNeuron's floor)."""
+    """trn1, trn2 or trn3 from NEURON_PLATFORM_TARGET_OVERRIDE; trn2 (TorchNeuron's floor) unset."""
     value = (os.environ if environ is None else environ).get(TARGET_ENV, "").strip().lower()
     if not value:
         return "trn2"
@@ -100,7 +102,7 @@ def torch_neuron_problem(nl_names: Iterable[str], nisa_names: Iterable[str]) -> 
     except Exception as exc:  # a broken install must not crash whoever asks
         return f"torch-neuronx failed to import: {exc}"
     if not hasattr(torch_neuronx, "nki_op"):
-        return f"torch-neuronx has no nki_op: the PyPI placeholder or older than 2.13; {_NOT_ON_PYPI}"
+        return f"torch-neuronx has no nki_op: PyPI placeholder or older than 2.13; {_NOT_ON_PYPI}"
     problem = nki_problem(nl_names, nisa_names)
     if problem is not None:
         return problem
@@ -138,6 +140,11 @@ def launch(jit_kernel: Any, lnc: int) -> Callable[..., Any]:
 # "none": program 0 does every row and the others return at once, sparing a second core's fixed
 # cost (its own weight broadcast) when the input is a handful of rows.
 LNC_SPLITS = ("rows", "none")
+# Elements per instruction on the free axis. 512: many small instructions, so the store of one
+# chunk overlaps the compute of the next (wins on long rows, few tiles). 8192: one instruction per
+# row tile up to hidden 8192, least fixed per-instruction cost (wins with many row tiles). 2048
+# sits between.
+FREE_CHUNKS = (512, 2048, 8192)
 FP32_BYTES = 4
 
 
@@ -187,3 +194,84 @@ def rows_and_hidden(shape: tuple[int, ...]) -> tuple[int, int] | str:
     for d in shape[:-1]:
         rows *= d
     return rows, shape[-1]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a kernel runs one (rows, hidden, dtype) on one generation.
+
+    resident: the x row tile stays in SBUF, so x is read from HBM once (the op's minimum);
+    otherwise x is streamed chunk by chunk and read `x_reads` times.
+    """
+
+    rows: int
+    hidden: int
+    chunk: int
+    n_chunks: int
+    partitions: int
+    resident: bool
+    sbuf_bytes: int  # per partition: the plan's upper bound (streamed chunks double-buffered)
+    budget: int
+    x_reads: int
+
+
+def choose_plan(rows: int, hidden: int, free_chunk: int, lnc_split: str, *, lnc: int,
+                budget: int, need: Callable[[int, bool], int], streamed_reads: int) -> Plan:
+    """Resident when `need(chunk, True)` fits `budget`, else streamed; ValueError if neither."""
+    chunk = min(free_chunk, hidden)
+    resident = need(chunk, True) <= budget
+    bytes_needed = need(chunk, resident)
+    if bytes_needed > budget:
+        raise ValueError(f"hidden {hidden} needs {bytes_needed} SBUF bytes per partition even "
+                         f"streamed, over the {budget} budget")
+    return Plan(rows, hidden, chunk, ceil_div(hidden, chunk), tile_partitions(rows, lnc_split, lnc),
+                resident, bytes_needed, budget, 1 if resident else streamed_reads)
+
+
+def budget_error(hidden: int, free_chunk: int, need: Callable[[int, bool], int]) -> str | None:
+    """Why even the streamed plan cannot fit the smallest documented SBUF, or None."""
+    bytes_needed = need(min(free_chunk, hidden), False)
+    if bytes_needed > MIN_SBUF_PARTITION_BYTES:
+        return (f"hidden {hidden} with free_chunk {free_chunk} needs {bytes_needed} SBUF bytes per "
+                f"partition (resident weights + streamed chunks, fp32), over the "
+                f"{MIN_SBUF_PARTITION_BYTES} budget")
+    return None
+
+
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' / 'bfloat16' / 'float16' for a torch dtype; ValueError for anything else."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in ELEMENT_BYTES:
+        raise ValueError(f"dtype {dtype} is not one of {sorted(ELEMENT_BYTES)}")
+    return name
+
+
+def shape_plan(tiling: Any, shape: tuple[int, ...], dtype: str, *, lnc: int, generation: str,
+               **tunables: Any) -> Plan:
+    """`tiling.make_plan` for a last-dim op over `shape` in `dtype` (weights counted as fp32)."""
+    sizes = rows_and_hidden(tuple(shape))
+    if isinstance(sizes, str):
+        raise ValueError(sizes)
+    return tiling.make_plan(*sizes, **tunables, lnc=lnc, budget=sbuf_partition_bytes(generation),
+                            x_bytes=ELEMENT_BYTES[dtype], w_bytes=FP32_BYTES)
+
+
+def shape_param_error(tiling: Any, tunable_names: Iterable[str], shape: tuple[int, ...],
+                      params: dict[str, Any]) -> str | None:
+    """A kernel module's `param_error(shape, **params)`, over its tiling's (rows, hidden) one."""
+    sizes = rows_and_hidden(tuple(shape))
+    if isinstance(sizes, str):
+        return sizes
+    if set(params) != set(tunable_names):
+        return f"tunables must be exactly {sorted(tunable_names)}, got {sorted(params)}"
+    return tiling.param_error(*sizes, **params)
+
+
+def check_devices(*tensors: Any) -> None:
+    """ValueError unless every tensor is on one neuron device."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1 or next(iter(devices)).type != "neuron":
+        raise ValueError(f"inputs must be on one neuron device, got {sorted(map(str, devices))}")

@@ -11,10 +11,10 @@ rows are written exactly once. Values are computed in float32 (the engines' math
 rounded to each destination's dtype (bf16: round to nearest even). It knows nothing of timing,
 PSUM, engine queues, or instruction limits it was not told of.
 
-Official signatures, from the NKI API stubs in aws-neuron/aws-neuron-sdk (nki/api/nki/isa/__init__.py
-and nki/api/nki/language/__init__.py, commit a3247f5b, "Neuron Release 2.32.0", NKI 0.6.0; the
-names used here are unchanged in the NKI 0.7.0 / SDK 2.33 API pages). Enum defaults are written
-as None here; their values play no part in the model.
+Official signatures, from the NKI API stubs in aws-neuron/aws-neuron-sdk
+(nki/api/nki/isa/__init__.py and nki/api/nki/language/__init__.py, commit a3247f5b, "Neuron
+Release 2.32.0", NKI 0.6.0; the names used here are unchanged in the NKI 0.7.0 / SDK 2.33 API
+pages). Enum defaults are written as None here; their values play no part in the model.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ SIGNATURES = {
     "nl.ndarray": "shape, dtype, buffer=SBUF, name='', address=None",
     "nl.program_id": "axis=0",
     "nl.num_programs": "axes=0",
-    "nisa.dma_copy": "dst, src, priority=None, oob_mode=None, dge_mode=None, engine=None, name=None",
+    "nisa.dma_copy": "dst, src, priority=None, oob_mode=None, dge_mode=None, engine=None, "
+                     "name=None",
     "nisa.memset": "dst, value, engine=None, name=None",
     "nisa.activation": "dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, "
                        "reduce_cmd=None, name=None",
@@ -297,7 +298,7 @@ class _Machine:
 
         def memset(dst: Any, value: Any, **_: Any) -> None:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise ModelError(f"nisa.memset: value must be a compile-time constant, got {value!r}")
+                raise ModelError(f"nisa.memset: value must be a constant, got {value!r}")
             _tile("nisa.memset", dst, "dst").store(np.float32(value))
 
         def activation(dst: Any, op: Any, data: Any, bias: Any, scale: Any, reduce_op: Any,

@@ -28,7 +28,7 @@ import torch
 from fusionlab.kernels import nki_common, nki_replay
 from fusionlab.kernels.nki_common import ceil_div, program_rows, span, tile_partitions
 from fusionlab.kernels.rmsnorm import nki_tiling
-from fusionlab.kernels.rmsnorm.nki_tiling import FREE_CHUNKS, Plan, make_plan
+from fusionlab.kernels.rmsnorm.nki_tiling import FREE_CHUNKS, Plan
 
 TUNABLES: dict[str, tuple[Any, ...]] = {
     "free_chunk": FREE_CHUNKS,
@@ -40,7 +40,6 @@ NL_NAMES = ("ndarray", "sbuf", "shared_hbm", "float32", "program_id", "num_progr
             "square", "rsqrt", "add", "multiply")
 NISA_NAMES = ("dma_copy", "memset", "activation", "tensor_reduce", "scalar_tensor_tensor",
               "reduce_cmd")
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 # Bound by nki_common.bind_language() (or by the CPU model): NKI resolves these as module globals.
 nl: Any = None
@@ -113,27 +112,7 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
 
 def param_error(shape: tuple[int, ...], **params: Any) -> str | None:
     """Why these tunables cannot run at `shape` (any dtype, any generation), or None."""
-    sizes = nki_common.rows_and_hidden(tuple(shape))
-    if isinstance(sizes, str):
-        return sizes
-    if set(params) != set(TUNABLES):
-        return f"tunables must be exactly {sorted(TUNABLES)}, got {sorted(params)}"
-    return nki_tiling.param_error(*sizes, **params)
-
-
-def plan_for(shape: tuple[int, ...], dtype: torch.dtype, *, lnc: int, generation: str,
-             free_chunk: int, lnc_split: str) -> Plan:
-    """The plan a launch at `shape`, `dtype` on `generation` uses; ValueError if it cannot run."""
-    error = param_error(shape, free_chunk=free_chunk, lnc_split=lnc_split)
-    if error is not None:
-        raise ValueError(error)
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype {dtype} is not one of {list(DTYPE_NAMES)}")
-    rows, hidden = nki_common.rows_and_hidden(tuple(shape))  # type: ignore[misc]
-    size = torch.empty((), dtype=dtype).element_size()
-    return make_plan(rows, hidden, free_chunk, lnc_split, lnc=lnc,
-                     budget=nki_common.sbuf_partition_bytes(generation), x_bytes=size,
-                     w_bytes=nki_common.FP32_BYTES)  # the weight's dtype may be wider than x's
+    return nki_common.shape_param_error(nki_tiling, TUNABLES, shape, params)
 
 
 def unavailable_reason() -> str | None:
@@ -172,35 +151,30 @@ def rms_norm_nki(x: torch.Tensor, weight: torch.Tensor, eps: float, *, free_chun
     Rows that are not contiguous are copied by `.contiguous()` first; that copy is part of the
     kernel's cost.
     """
-    if tuple(weight.shape) != (x.shape[-1:] if x.dim() else ()):
-        raise ValueError(f"weight shape {tuple(weight.shape)} != ({x.shape[-1]},)")
+    if tuple(weight.shape) != tuple(x.shape[-1:]):
+        raise ValueError(f"weight shape {tuple(weight.shape)} != {tuple(x.shape[-1:])}")
     lnc, _ = nki_common.lnc_degree()
-    plan = plan_for(tuple(x.shape), x.dtype, lnc=lnc, generation=nki_common.generation(),
-                    free_chunk=free_chunk, lnc_split=lnc_split)
+    plan = nki_common.shape_plan(nki_tiling, tuple(x.shape), nki_common.dtype_name(x.dtype),
+                                 lnc=lnc, generation=nki_common.generation(),
+                                 free_chunk=free_chunk, lnc_split=lnc_split)
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
-    if x.device.type != "neuron" or weight.device != x.device:
-        raise ValueError(f"x and weight must be on one neuron device, got {x.device}/{weight.device}")
+    nki_common.check_devices(x, weight)
     x2d = x.reshape(plan.rows, plan.hidden).contiguous()
     w2d = weight.reshape(1, plan.hidden).contiguous()
     out = _torch_op(lnc)(x2d, w2d, float(eps), free_chunk, lnc_split, plan.resident)
     return out.reshape(x.shape)
 
 
-def _numpy_plan(x_np: np.ndarray, dtype: str, lnc: int, generation: str,
-                tunables: dict[str, Any]) -> Plan:
-    torch_dtype = {v: k for k, v in DTYPE_NAMES.items()}[dtype]
-    return plan_for(x_np.shape, torch_dtype, lnc=lnc, generation=generation, **tunables)
-
-
 def simulate_rms_norm(x_np: np.ndarray, w_np: np.ndarray, eps: float, *, lnc: int,
                       **tunables: Any) -> np.ndarray:
     """Run the kernel in AWS's CPU simulator, nki.simulate(kernel[lnc]), on float32 arrays."""
+    plan = nki_common.shape_plan(nki_tiling, x_np.shape, "float32", lnc=lnc,
+                                 generation=nki_common.generation(), **tunables)
     reason = simulator_unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
-    plan = _numpy_plan(x_np, "float32", lnc, nki_common.generation(), tunables)
     import nki
 
     kernel = nki_common.launch(_jit_kernel(), lnc)
@@ -213,7 +187,8 @@ def simulate_rms_norm(x_np: np.ndarray, w_np: np.ndarray, eps: float, *, lnc: in
 def replay_rms_norm(x_np: np.ndarray, w_np: np.ndarray, eps: float, *, dtype: str, lnc: int,
                     generation: str, **tunables: Any) -> tuple[np.ndarray, nki_replay.Replay, Plan]:
     """Run the kernel's real body in the NumPy MODEL of NKI (nki_replay), not on hardware."""
-    plan = _numpy_plan(x_np, dtype, lnc, generation, tunables)
+    plan = nki_common.shape_plan(nki_tiling, x_np.shape, dtype, lnc=lnc, generation=generation,
+                                 **tunables)
     result = nki_replay.replay(
         _rmsnorm_kernel,
         [(x_np.reshape(plan.rows, plan.hidden), dtype), (w_np.reshape(1, -1), dtype)],

@@ -1,0 +1,1 @@
+"""Fused residual add + RMSNorm: its spec, the framework lowerings and the hand-written kernels."""

@@ -1,0 +1,1 @@
+"""LayerNorm: its spec, the framework lowerings and the hand-written kernels."""
