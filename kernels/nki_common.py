@@ -210,7 +210,7 @@ class Plan:
     n_chunks: int
     partitions: int
     resident: bool
-    sbuf_bytes: int  # per partition: the plan's upper bound (streamed chunks double-buffered)
+    sbuf_bytes: int  # per partition, upper bound: streamed chunks counted twice, scratch once
     budget: int
     x_reads: int
 
@@ -229,11 +229,12 @@ def choose_plan(rows: int, hidden: int, free_chunk: int, lnc_split: str, *, lnc:
 
 
 def budget_error(hidden: int, free_chunk: int, need: Callable[[int, bool], int]) -> str | None:
-    """Why even the streamed plan cannot fit the smallest documented SBUF, or None."""
-    bytes_needed = need(min(free_chunk, hidden), False)
+    """Why neither plan fits the smallest documented SBUF, or None (`need` given fp32 sizes)."""
+    chunk = min(free_chunk, hidden)
+    bytes_needed = min(need(chunk, True), need(chunk, False))
     if bytes_needed > MIN_SBUF_PARTITION_BYTES:
         return (f"hidden {hidden} with free_chunk {free_chunk} needs {bytes_needed} SBUF bytes per "
-                f"partition (resident weights + streamed chunks, fp32), over the "
+                f"partition in fp32, resident or streamed, over the "
                 f"{MIN_SBUF_PARTITION_BYTES} budget")
     return None
 

@@ -108,8 +108,11 @@ def sbuf_bytes(hidden: int, chunk: int, x_bytes: int, w_bytes: int, resident: bo
     """Upper bound of SBUF bytes per partition; the fp32 sum row is always resident."""
     del resident  # one layout only: see the module docstring
     resident_rows = hidden * (w_bytes + FP32_BYTES)  # weight and the fp32 sum
-    streamed = 2 * chunk * (3 * x_bytes + FP32_BYTES)  # x, residual, out chunks and squares, x2
-    return resident_rows + streamed + (ceil_div(hidden, chunk) + 3) * FP32_BYTES
+    n_chunks = ceil_div(hidden, chunk)
+    # x and residual chunks (out's chunk reuses their space in pass 2), twice over when there is
+    # a next chunk to prefetch; one fp32 chunk of squares.
+    streamed = (2 if n_chunks > 1 else 1) * 2 * chunk * x_bytes + chunk * FP32_BYTES
+    return resident_rows + streamed + (n_chunks + 3) * FP32_BYTES
 
 
 class _Tiling:

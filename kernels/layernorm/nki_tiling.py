@@ -24,9 +24,9 @@ __all__ = ["FREE_CHUNKS", "Plan", "make_plan", "param_error", "sbuf_bytes"]
 def sbuf_bytes(hidden: int, chunk: int, x_bytes: int, w_bytes: int, resident: bool) -> int:
     """Upper bound of SBUF bytes per partition the kernel holds at once."""
     weight_and_bias = 2 * hidden * w_bytes
-    scratch = 2 * 2 * chunk * FP32_BYTES  # reduction-only activation output; (x - mean) * w
+    scratch = 2 * chunk * FP32_BYTES  # reduction-only activation output; (x - mean) * w
     stats = (2 * ceil_div(hidden, chunk) + 6) * FP32_BYTES  # partial sums, totals, -mean, rstd, eps
-    x_tile = hidden * x_bytes if resident else 2 * chunk * x_bytes
+    x_tile = hidden * x_bytes if resident else 2 * chunk * x_bytes  # next chunk prefetched
     return weight_and_bias + scratch + stats + x_tile
 
 

@@ -25,9 +25,9 @@ __all__ = ["FREE_CHUNKS", "Plan", "make_plan", "param_error", "sbuf_bytes"]
 def sbuf_bytes(hidden: int, chunk: int, x_bytes: int, w_bytes: int, resident: bool) -> int:
     """Upper bound of SBUF bytes per partition the kernel holds at once."""
     weight = hidden * w_bytes
-    squares = 2 * chunk * FP32_BYTES  # activation output that only feeds the reduction
+    squares = chunk * FP32_BYTES  # activation output that only feeds the reduction
     stats = (ceil_div(hidden, chunk) + 3) * FP32_BYTES  # per-chunk partial sums, total, rstd, eps
-    x_tile = hidden * x_bytes if resident else 2 * chunk * x_bytes
+    x_tile = hidden * x_bytes if resident else 2 * chunk * x_bytes  # next chunk prefetched
     return weight + squares + stats + x_tile
 
 
