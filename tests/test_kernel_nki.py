@@ -1,258 +1,184 @@
-"""NKI RMSNorm: the tiling plan, a NumPy emulation of the kernel's arithmetic, and the kernel.
+"""NKI kernels without Trainium: plans and tiling, LNC degree, availability, argument checks.
 
-No Trainium or Neuron SDK is needed for the plan and emulation tests; the simulator test runs only
-where the real `nki` package (with nki.simulate) is installed.
+The kernels' bodies run in tests/test_nki_replay.py (a NumPy model of NKI, not the hardware).
 """
 
+from __future__ import annotations
+
 import itertools
-import math
 
 import numpy as np
 import pytest
 import torch
 
-from fusionlab.kernels.rmsnorm import nki_kernel, nki_tiling
-from fusionlab.kernels.rmsnorm.nki_kernel import (
-    TUNABLES,
-    rms_norm_nki,
-    simulate_rms_norm,
-    simulator_unavailable_reason,
-    unavailable_reason,
-)
-from fusionlab.kernels.rmsnorm.nki_tiling import (
-    MAX_FREE_CHUNK,
+from fusionlab.kernels import nki_common
+from fusionlab.kernels.add_rmsnorm import nki_kernel as add_rms
+from fusionlab.kernels.layernorm import nki_kernel as layer
+from fusionlab.kernels.layernorm import nki_tiling as layer_tiling
+from fusionlab.kernels.nki_common import (
+    LNC_SPLITS,
+    MIN_SBUF_PARTITION_BYTES,
     PMAX,
-    SBUF_PARTITION_BYTES,
-    TilingPlan,
-    make_plan,
-    param_error,
-    sbuf_bytes_per_partition,
+    lnc_degree,
+    program_rows,
+    span,
+    tile_partitions,
 )
+from fusionlab.kernels.rmsnorm import nki_kernel as rms
+from fusionlab.kernels.rmsnorm import nki_tiling as rms_tiling
 
-EPS = 1e-6
-ROWS = (1, 127, 128, 129, 300)
-HIDDENS = (1, 1000, 4096, 5000)
-ROWS_PER_TILE = (1, 32, 64, 127, 128)
-FREE_CHUNKS = (1, 512, 1000, 1024, 4096, 8192)
+MODULES = (rms, layer, add_rms)
+ROWS = (1, 2, 127, 128, 129, 300)
 
 
-@pytest.mark.parametrize("rows_per_tile", ROWS_PER_TILE)
+@pytest.mark.parametrize("lnc_split", LNC_SPLITS)
+@pytest.mark.parametrize("programs", [1, 2])
 @pytest.mark.parametrize("rows", ROWS)
-def test_row_tiles_cover_every_row_once(rows, rows_per_tile):
-    plan = make_plan(rows, 8, rows_per_tile, 8)
-    tiles = plan.row_tiles
-    assert len(tiles) == math.ceil(rows / rows_per_tile)
-    assert plan.partitions == min(rows_per_tile, rows)
-
+def test_program_rows_cover_every_row_once(rows, programs, lnc_split):
     covered = np.zeros(rows, dtype=int)
-    for i, tile in enumerate(tiles):
-        assert tile.index == i
-        assert tile.start == i * rows_per_tile
-        assert 1 <= tile.valid_rows <= plan.partitions
-        covered[tile.start : tile.stop] += 1
+    for p in range(programs):
+        start, stop = program_rows(rows, lnc_split, p, programs)
+        assert 0 <= start <= stop <= rows
+        covered[start:stop] += 1
     assert (covered == 1).all()
-
-    # Every tile but the last is full; the last holds what is left.
-    assert all(t.valid_rows == rows_per_tile for t in tiles[:-1])
-    assert tiles[-1].valid_rows == rows - (len(tiles) - 1) * rows_per_tile
-
-
-@pytest.mark.parametrize(("rows", "rows_per_tile"), list(itertools.product(ROWS, ROWS_PER_TILE)))
-def test_row_mask_marks_exactly_the_valid_partitions(rows, rows_per_tile):
-    plan = make_plan(rows, 8, rows_per_tile, 8)
-    for tile in plan.row_tiles:
-        mask = plan.row_mask(tile)
-        assert len(mask) == plan.partitions
-        assert mask == tuple(p < tile.valid_rows for p in range(plan.partitions))
-    assert sum(sum(plan.row_mask(t)) for t in plan.row_tiles) == rows
-    partial_tiles = [t for t in plan.row_tiles if not all(plan.row_mask(t))]
-    assert len(partial_tiles) == (0 if rows % plan.partitions == 0 else 1)
-    if partial_tiles:
-        assert partial_tiles[0] is plan.row_tiles[-1]
+    parts = tile_partitions(rows, lnc_split, programs)
+    assert 1 <= parts <= PMAX
+    if rows >= PMAX * programs:
+        assert parts == PMAX  # no idle partitions once there are enough rows
 
 
-@pytest.mark.parametrize("free_chunk", FREE_CHUNKS)
-@pytest.mark.parametrize("hidden", HIDDENS)
-def test_chunks_cover_hidden_once(hidden, free_chunk):
-    if param_error(1, hidden, 1, free_chunk) is not None:
-        pytest.skip("needs more SBUF than a partition has")  # e.g. 4096 one-wide chunks
-    plan = make_plan(1, hidden, 1, free_chunk)
-    width = min(free_chunk, hidden)
-    assert plan.chunk_width == width
-    assert len(plan.chunks) == math.ceil(hidden / width)
-
-    covered = np.zeros(hidden, dtype=int)
-    previous_stop = 0
-    for i, chunk in enumerate(plan.chunks):
-        assert chunk.index == i
-        assert chunk.start == previous_stop  # contiguous, in order
-        assert 1 <= chunk.width <= width
-        covered[chunk.start : chunk.stop] += 1
-        previous_stop = chunk.stop
-    assert previous_stop == hidden
-    assert (covered == 1).all()
-    assert all(c.width == width for c in plan.chunks[:-1])
-    assert plan.chunks[-1].width == hidden - (len(plan.chunks) - 1) * width
+def test_lnc2_row_split_is_even_and_none_keeps_one_core():
+    assert [program_rows(300, "rows", p, 2) for p in range(2)] == [(0, 150), (150, 300)]
+    assert [program_rows(1, "rows", p, 2) for p in range(2)] == [(0, 0), (0, 1)]
+    assert [program_rows(300, "none", p, 2) for p in range(2)] == [(0, 300), (0, 0)]
+    assert tile_partitions(129, "rows", 2) == 65 and tile_partitions(129, "none", 2) == 128
 
 
-def test_awkward_chunk_counts():
-    assert [c.width for c in make_plan(1, 5000, 1, 1024).chunks] == [1024] * 4 + [904]
-    assert [c.width for c in make_plan(1, 1000, 1, 512).chunks] == [512, 488]
-    assert [c.width for c in make_plan(1, 4096, 1, 4096).chunks] == [4096]
-    assert [c.width for c in make_plan(1, 1, 1, 512).chunks] == [1]
-    assert [t.valid_rows for t in make_plan(300, 8, 128, 8).row_tiles] == [128, 128, 44]
-    assert [t.valid_rows for t in make_plan(129, 8, 128, 8).row_tiles] == [128, 1]
+@pytest.mark.parametrize(("hidden", "chunk"), [(1, 512), (1000, 512), (5000, 2048), (8192, 8192)])
+def test_chunks_cover_hidden_once(hidden, chunk):
+    width = min(chunk, hidden)
+    spans = [span(c, width, hidden) for c in range(nki_common.ceil_div(hidden, width))]
+    assert spans[0][0] == 0 and spans[-1][1] == hidden
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
+    assert all(0 < stop - start <= width for start, stop in spans)
 
 
+def test_lnc_degree_reads_the_documented_variable_then_the_compiler_default():
+    assert lnc_degree({"NEURON_LOGICAL_NC_CONFIG": "1"})[0] == 1
+    assert lnc_degree({"NEURON_LOGICAL_NC_CONFIG": "2"})[0] == 2
+    assert lnc_degree({})[0] == 2  # neuronx-cc's default on Trn2 and later (NCC_EVRF066)
+    assert lnc_degree({"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1"})[0] == 1
+    assert "unset" in lnc_degree({})[1]
+    with pytest.raises(ValueError, match="1 or 2"):
+        lnc_degree({"NEURON_LOGICAL_NC_CONFIG": "4"})
+
+
+def test_generation_and_sbuf_budget():
+    assert nki_common.generation({}) == "trn2"
+    assert nki_common.generation({"NEURON_PLATFORM_TARGET_OVERRIDE": "gen2"}) == "trn1"
+    assert nki_common.sbuf_partition_bytes("trn1") == 192 * 1024
+    assert nki_common.sbuf_partition_bytes("trn2") == 224 * 1024
+    with pytest.raises(ValueError, match="NEURON_PLATFORM_TARGET_OVERRIDE"):
+        nki_common.generation({"NEURON_PLATFORM_TARGET_OVERRIDE": "trn9"})
+
+
+@pytest.mark.parametrize("tiling", [rms_tiling, layer_tiling], ids=["rmsnorm", "layernorm"])
+def test_plan_keeps_x_resident_whenever_it_fits(tiling):
+    for hidden, x_bytes in itertools.product((1, 1000, 4096, 8192), (2, 4)):
+        plan = tiling.make_plan(2048, hidden, 2048, "rows", lnc=2, budget=192 * 1024,
+                                x_bytes=x_bytes, w_bytes=4)
+        assert plan.resident and plan.x_reads == 1 and plan.sbuf_bytes <= plan.budget
+        assert plan.sbuf_bytes == tiling.sbuf_bytes(hidden, plan.chunk, x_bytes, 4, True)
+    streamed = tiling.make_plan(4, 30_000 if tiling is rms_tiling else 16_500, 512, "rows",
+                                lnc=1, budget=192 * 1024, x_bytes=4, w_bytes=4)
+    assert not streamed.resident and streamed.x_reads > 1
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.split(".")[-2])
+def test_every_tunable_point_is_accepted_at_the_default_shapes(module):
+    shapes = [(1, 4096), (32, 4096), (128, 4096), (512, 4096), (2048, 4096), (2048, 8192),
+              (4, 2048, 4096), (1, 1), (7, 5000)]
+    for shape, values in itertools.product(shapes, itertools.product(*module.TUNABLES.values())):
+        params = dict(zip(module.TUNABLES, values, strict=True))
+        assert module.param_error(shape, **params) is None, (shape, params)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.split(".")[-2])
 @pytest.mark.parametrize(
-    ("args", "fragment"),
+    ("shape", "params", "fragment"),
     [
-        ((0, 64, 128, 512), "rows"),
-        ((4, 0, 128, 512), "hidden"),
-        ((4, 64, 0, 512), "rows_per_tile"),
-        ((4, 64, -3, 512), "rows_per_tile"),
-        ((4, 64, PMAX + 1, 512), "rows_per_tile"),
-        ((4, 64, 128, 0), "free_chunk"),
-        ((4, 64, 128, MAX_FREE_CHUNK + 1), "free_chunk"),
-        ((4, 50_000, 128, 512), "SBUF"),  # the resident fp32 weight alone is too big
-        ((4, 32_768, 128, 4096), "SBUF"),  # weight + chunk buffers just over the budget
-        ((4, 64, 128.0, 512), "int"),
-        ((4, 64, True, 512), "int"),
+        ((0, 64), dict(free_chunk=512, lnc_split="rows"), ">= 1"),
+        ((), dict(free_chunk=512, lnc_split="rows"), "at least one dimension"),
+        ((4, 64), dict(free_chunk=1000, lnc_split="rows"), "free_chunk"),
+        ((4, 64), dict(free_chunk=512.0, lnc_split="rows"), "int"),
+        ((4, 64), dict(free_chunk=512, lnc_split="cols"), "lnc_split"),
+        ((4, 64), dict(free_chunk=512), "tunables must be exactly"),
+        ((4, 100_000), dict(free_chunk=512, lnc_split="rows"), "SBUF"),
     ],
-    ids=str,
+    ids=["zero-dim", "scalar", "chunk-value", "chunk-type", "split", "missing", "too-wide"],
 )
-def test_param_error_rejects(args, fragment):
-    error = param_error(*args)
+def test_param_error_rejects(module, shape, params, fragment):
+    error = module.param_error(shape, **params)
     assert error is not None and fragment in error
-    with pytest.raises(ValueError, match=fragment):
-        make_plan(*args)
 
 
-@pytest.mark.parametrize("hidden", (1, 1000, 4096, 5000, 8192, 16_384))
-@pytest.mark.parametrize("rows", (1, 129, 300))
-def test_param_error_accepts_every_tunable_combination(rows, hidden):
-    for rows_per_tile, free_chunk in itertools.product(
-        TUNABLES["rows_per_tile"], TUNABLES["free_chunk"]
-    ):
-        assert param_error(rows, hidden, rows_per_tile, free_chunk) is None
-        assert sbuf_bytes_per_partition(hidden, free_chunk) <= SBUF_PARTITION_BYTES
+def test_add_rmsnorm_rejects_a_hidden_whose_fp32_sum_cannot_stay():
+    error = add_rms.param_error((4, 40_000), free_chunk=512, lnc_split="rows")
+    assert error is not None and str(MIN_SBUF_PARTITION_BYTES) in error
+    assert rms.param_error((4, 40_000), free_chunk=512, lnc_split="rows") is None  # streams
 
 
-def test_tunables_respect_hardware_limits():
-    assert all(1 <= v <= PMAX for v in TUNABLES["rows_per_tile"])
-    assert all(1 <= v <= MAX_FREE_CHUNK for v in TUNABLES["free_chunk"])
+def test_tunables_match_the_kernel_keywords():
+    import inspect
+
+    for module, fn in ((rms, rms.rms_norm_nki), (layer, layer.layer_norm_nki),
+                       (add_rms, add_rms.add_rms_norm_nki)):
+        keywords = [p.name for p in inspect.signature(fn).parameters.values()
+                    if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        assert keywords == list(module.TUNABLES)
 
 
-def test_kernel_uses_the_tested_arithmetic():
-    assert nki_kernel.ceil_div is nki_tiling.ceil_div
-    assert nki_kernel.span is nki_tiling.span
-    assert nki_kernel.param_error is nki_tiling.param_error
-
-
-def reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    x64 = x.astype(np.float64)
-    rms = np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
-    return x64 / rms * w.astype(np.float64)
-
-
-def emulate(plan: TilingPlan, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """The kernel's steps in NumPy: same tiles, chunks, masks and fp32 accumulation."""
-    f32 = np.float32
-    out = np.full(x.shape, np.nan, dtype=x.dtype)
-    parts, width = plan.partitions, plan.chunk_width
-    w_sb = np.broadcast_to(w.reshape(1, -1), (parts, plan.hidden)).copy()  # loaded once
-    for tile in plan.row_tiles:
-        mask = np.array(plan.row_mask(tile))
-        rows = slice(tile.start, tile.stop)
-        # Partitions past the mask hold stale data; NaN makes any leak into the output visible.
-        partial = np.full((parts, len(plan.chunks)), np.nan, dtype=f32)
-        for chunk in plan.chunks:
-            x_sb = np.full((parts, width), np.nan, dtype=x.dtype)
-            x_sb[mask, : chunk.width] = x[rows, chunk.start : chunk.stop]
-            data = x_sb[:, : chunk.width].astype(f32)
-            partial[:, chunk.index] = np.sum(data * data, axis=1, dtype=f32)
-        total = np.sum(partial, axis=1, keepdims=True, dtype=f32)
-        rstd = f32(1) / np.sqrt(total * f32(1.0 / plan.hidden) + f32(eps))
-        for chunk in plan.chunks:
-            x_sb = np.full((parts, width), np.nan, dtype=x.dtype)
-            x_sb[mask, : chunk.width] = x[rows, chunk.start : chunk.stop]
-            data = x_sb[:, : chunk.width].astype(f32)
-            w_chunk = w_sb[:, chunk.start : chunk.stop].astype(f32)
-            y = ((data * rstd) * w_chunk).astype(x.dtype)
-            out[rows, chunk.start : chunk.stop] = y[mask]
-    return out
-
-
-EMULATION_CASES = [
-    (rows, hidden, rows_per_tile, free_chunk)
-    for rows, hidden in [(1, 1), (1, 5000), (127, 1000), (129, 4096), (300, 5000), (300, 1000)]
-    for rows_per_tile, free_chunk in [(128, 4096), (32, 512), (127, 1000)]
-]
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("case", EMULATION_CASES, ids=str)
-def test_emulated_kernel_matches_float64_reference(case, dtype):
-    rows, hidden, rows_per_tile, free_chunk = case
-    rng = np.random.default_rng(rows * 7919 + hidden)
-    x = (rng.standard_normal((rows, hidden)) * 3 + 0.5).astype(dtype)
-    w = (rng.standard_normal(hidden) + 1.0).astype(dtype)
-    assert not np.allclose(w, 1.0)
-
-    y = emulate(make_plan(rows, hidden, rows_per_tile, free_chunk), x, w, EPS)
-
-    assert y.dtype == x.dtype and y.shape == x.shape
-    assert np.isfinite(y).all()  # no masked-off partition reached the output
-    tol = 1e-5 if dtype == np.float32 else 2e-3
-    np.testing.assert_allclose(y.astype(np.float64), reference(x, w, EPS), rtol=tol, atol=tol)
-
-
-SIMULATOR_CASES = [
-    (1, 1, 128, 512),
-    (129, 1000, 128, 512),
-    (300, 5000, 64, 1024),
-    (2, 4096, 32, 4096),
-]
-
-
-@pytest.mark.parametrize("case", SIMULATOR_CASES, ids=str)
-def test_simulated_kernel_matches_float64_reference(case):
-    reason = simulator_unavailable_reason()
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.split(".")[-2])
+def test_unavailable_reasons_explain_themselves_here(module):
+    for reason in (module.unavailable_reason(), module.simulator_unavailable_reason()):
+        assert reason is None or (isinstance(reason, str) and reason.strip())
+    reason = module.unavailable_reason()
     if reason is not None:
-        pytest.skip(reason)
-    rows, hidden, rows_per_tile, free_chunk = case
-    rng = np.random.default_rng(rows + hidden)
-    x = rng.standard_normal((rows, hidden)).astype(np.float32)
-    w = (rng.standard_normal(hidden) + 1.0).astype(np.float32)
-
-    y = simulate_rms_norm(x, w, EPS, rows_per_tile=rows_per_tile, free_chunk=free_chunk)
-
-    assert y.shape == x.shape
-    np.testing.assert_allclose(y.astype(np.float64), reference(x, w, EPS), rtol=1e-3, atol=1e-3)
+        assert "torch-neuronx" in reason or "nki" in reason or "Neuron" in reason
 
 
-def test_unavailable_reason_explains_itself_here():
-    reason = unavailable_reason()
-    assert isinstance(reason, str) and reason.strip()
-
-
-def test_simulator_reason_is_none_or_text():
-    reason = simulator_unavailable_reason()
-    assert reason is None or (isinstance(reason, str) and reason.strip())
+def test_availability_check_asks_for_exactly_the_names_used():
+    problem = nki_common.nki_problem(("ndarray",), ("dma_copy",))
+    if problem is not None:
+        assert "nki" in problem
+    for module in MODULES:
+        assert len(set(module.NL_NAMES)) == len(module.NL_NAMES)
+        assert "affine_range" not in module.NL_NAMES
 
 
 def test_bad_parameters_raise_before_touching_neuron():
-    x, w = torch.randn(4, 64), torch.randn(64)
-    with pytest.raises(ValueError, match="rows_per_tile"):
-        rms_norm_nki(x, w, EPS, rows_per_tile=0, free_chunk=512)
-    with pytest.raises(ValueError, match="weight shape"):
-        rms_norm_nki(x, torch.randn(63), EPS, rows_per_tile=32, free_chunk=512)
+    x, w, b = torch.randn(4, 64), torch.randn(64), torch.randn(64)
     with pytest.raises(ValueError, match="free_chunk"):
-        simulate_rms_norm(x.numpy(), w.numpy(), EPS, rows_per_tile=32, free_chunk=0)
+        rms.rms_norm_nki(x, w, 1e-6, free_chunk=3, lnc_split="rows")
+    with pytest.raises(ValueError, match="weight shape"):
+        rms.rms_norm_nki(x, torch.randn(63), 1e-6, free_chunk=512, lnc_split="rows")
+    with pytest.raises(ValueError, match="bias shape"):
+        layer.layer_norm_nki(x, w, torch.randn(3), 1e-5, free_chunk=512, lnc_split="rows")
+    with pytest.raises(ValueError, match="residual"):
+        add_rms.add_rms_norm_nki(x, x[:2], w, 1e-6, free_chunk=512, lnc_split="rows")
+    with pytest.raises(ValueError, match="dtype"):
+        layer.layer_norm_nki(x.double(), w, b, 1e-5, free_chunk=512, lnc_split="rows")
 
 
-@pytest.mark.skipif(unavailable_reason() is None, reason="a Neuron device is present")
-def test_rms_norm_nki_raises_the_reason_without_neuron():
-    with pytest.raises(RuntimeError) as info:
-        rms_norm_nki(torch.randn(2, 3, 64), torch.randn(64), EPS, rows_per_tile=32, free_chunk=512)
-    assert str(info.value) == unavailable_reason()
+@pytest.mark.skipif(rms.unavailable_reason() is None, reason="a Neuron device is present")
+def test_kernels_raise_the_reason_without_neuron():
+    x, w = torch.randn(2, 3, 64)[:, :, :64], torch.randn(64)
+    for call, module in (
+        (lambda: rms.rms_norm_nki(x, w, 1e-6, free_chunk=512, lnc_split="rows"), rms),
+        (lambda: layer.layer_norm_nki(x, w, w, 1e-5, free_chunk=512, lnc_split="rows"), layer),
+        (lambda: add_rms.add_rms_norm_nki(x, x, w, 1e-6, free_chunk=512, lnc_split="rows"),
+         add_rms),
+    ):
+        with pytest.raises(RuntimeError) as info:
+            call()
+        assert str(info.value) == module.unavailable_reason()

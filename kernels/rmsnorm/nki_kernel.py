@@ -1,21 +1,22 @@
-"""RMSNorm as an NKI kernel for Trainium: its torch op on the `neuron` device and its simulation.
+"""RMSNorm as an NKI kernel for Trainium: the torch op on `neuron`, the simulator, the CPU model.
 
-Written against AWS Neuron SDK 2.33: NKI Beta 2 (the `nki` package, 0.4.x) and TorchNeuron
-(torch-neuronx 2.13/2.14). Every NKI / torch_neuronx name below was taken from these sources:
-- awsdocs-neuron nki/deep-dives/nki-migration-guide: Beta 2 removed nl.load, nl.store and `mask=`;
-  data moves with nisa.dma_copy and a partial tile is a `min(...)`-bounded slice.
-- nki/about/tiling-overview: nl.affine_range over ceil(rows / pmax) tiles, slice(start, min(...)),
-  nl.ndarray(..., buffer=nl.sbuf | nl.shared_hbm), nl.tile_size.pmax.
-- nki/api (v2.33): nki.jit, nki.simulate, NkiTensor.broadcast, nisa.dma_copy, nisa.activation
-  (op=nl.square / nl.rsqrt, reduce_op, reduce_res, reduce_cmd=nisa.reduce_cmd.reset_reduce),
-  nisa.tensor_reduce(axis, keepdims), nisa.scalar_tensor_tensor.
-- aws-neuron/nki-library src/nkilib_src/nkilib/core/subkernels/rmsnorm_tkg.py: the same Beta 2 ops
-  for RMSNorm (square + add-reduce, rsqrt activation with scale=1/H and bias=eps, HBM broadcast).
-- torch/guides/how-to-work-with-nki, torch/get-started/quickstart-nki-kernel and the torch-neuronx
-  README ("Using NKI kernels in torch code"): nki.jit kernel -> torch_neuronx.wrap_nki ->
-  torch_neuronx.nki_op(name, mutates_args={}); eager calls compile per shape and constant args.
-- torch/reference/api/torch-neuron-module: torch.neuron.is_available().
+y = x * rsqrt(mean(x**2) + eps) * weight over the last dim, fp32 statistics, y in x.dtype.
+Written against Neuron SDK 2.33: NKI 0.7.0 and torch-neuronx 2.14. Signatures of every call below
+are the official ones in aws-neuron/aws-neuron-sdk nki/api/nki/{isa,language}/__init__.py
+(SDK 2.32 stubs; see kernels/nki_replay.py): nl.ndarray(shape, dtype, buffer, ...),
+nl.program_id(axis), nl.num_programs(axes), NkiTensor.broadcast(dim, size),
+nisa.dma_copy(dst, src, ...), nisa.memset(dst, value, ...), nisa.activation(dst, op, data, bias,
+scale, reduce_op, reduce_res, reduce_cmd, ...), nisa.tensor_reduce(dst, op, data, axis, negate,
+keepdims, ...), nisa.scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, ...).
+The recipe follows aws-neuron/nki-library src/nkilib_src/nkilib/core/rmsnorm/rmsnorm_quant.py
+(NKI Lib 2026-04-13): the x tile stays in SBUF; square with add-reduce into an fp32 (P, 1) tile;
+rsqrt with scale=1/H and a (P, 1) eps tile filled by nisa.memset (a scalar `bias=` is valid only
+from NeuronCore-v3 on, per the nisa.activation docstring); one fused multiply by rstd and weight.
+Rows are shared among LNC programs by nl.program_id / nl.num_programs (nki/get-started/about/lnc).
+Loops are plain `range`: NKI 0.7.0 traces kernels as Python and nl.affine_range is deprecated.
 """
+
+from __future__ import annotations
 
 import functools
 from collections.abc import Callable
@@ -24,222 +25,173 @@ from typing import Any
 import numpy as np
 import torch
 
-from .nki_tiling import ceil_div, param_error, span
+from fusionlab.kernels import nki_common, nki_replay
+from fusionlab.kernels.nki_common import ceil_div, program_rows, span, tile_partitions
+from fusionlab.kernels.rmsnorm import nki_tiling
+from fusionlab.kernels.rmsnorm.nki_tiling import FREE_CHUNKS, Plan
 
-TUNABLES: dict[str, tuple[int, ...]] = {
-    "rows_per_tile": (32, 64, 128),  # at most nl.tile_size.pmax partitions
-    # Elements per chunk: even 4096 makes four fp32 chunk buffers use 64 of 192 KiB per partition.
-    "free_chunk": (512, 1024, 2048, 4096),
+TUNABLES: dict[str, tuple[Any, ...]] = {
+    "free_chunk": FREE_CHUNKS,
+    "lnc_split": nki_common.LNC_SPLITS,
 }
+# Exactly the nki.language / nki.isa names the kernel uses: the availability check asks for these
+# and the CPU model offers only these.
+NL_NAMES = ("ndarray", "sbuf", "shared_hbm", "float32", "program_id", "num_programs", "tile_size",
+            "square", "rsqrt", "add", "multiply")
+NISA_NAMES = ("dma_copy", "memset", "activation", "tensor_reduce", "scalar_tensor_tensor",
+              "reduce_cmd")
 
-_SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_NOT_ON_PYPI = "it comes from AWS's Neuron repository, not PyPI"
-
-# Bound by _jit_kernel(): the NKI compiler resolves a kernel's names as module globals.
+# Bound by nki_common.bind_language() (or by the CPU model): NKI resolves these as module globals.
 nl: Any = None
 nisa: Any = None
 
 
-def _rmsnorm_kernel(x: Any, w: Any, eps: float, rows_per_tile: int, free_chunk: int) -> Any:
+def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
+                    resident: bool) -> Any:
     """out[r] = x[r] * rsqrt(mean(x[r]**2) + eps) * w[0]; x is [rows, hidden], w is [1, hidden]."""
     rows, hidden = x.shape
-    parts = min(rows_per_tile, rows)
+    out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
+    programs = nl.num_programs(0)
+    first, stop = program_rows(rows, lnc_split, nl.program_id(0), programs)
+    if stop == first:
+        return out  # this program has no rows (lnc_split="none", or fewer rows than programs)
+    parts = tile_partitions(rows, lnc_split, programs)
+    assert parts <= nl.tile_size.pmax
     chunk = min(free_chunk, hidden)
     n_chunks = ceil_div(hidden, chunk)
-    out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
 
-    # One DMA replicates the weight row onto every partition; it stays resident for all tiles.
+    # Loaded once per program and kept: the weight row on every partition, and eps as a (P, 1)
+    # bias tile, which every NeuronCore generation accepts.
     w_sb = nl.ndarray((parts, hidden), dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_sb, src=w.broadcast(dim=0, size=parts))
+    nisa.dma_copy(dst=w_sb, src=w.broadcast(0, parts))
+    eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=eps_sb, value=eps)
 
-    for t in nl.affine_range(ceil_div(rows, rows_per_tile)):
-        r0, r1 = span(t, rows_per_tile, rows)
-        n = r1 - r0  # the last tile uses partitions [0, n) only, in place of a mask
+    for t in range(ceil_div(stop - first, parts)):
+        t0, t1 = span(t, parts, stop - first)
+        r0, r1, n = first + t0, first + t1, t1 - t0  # partitions [0, n) hold rows [r0, r1)
+        x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
 
-        # Pass 1: each chunk's fp32 sum of squares lands in its own column, so the chunks
-        # carry no dependency on one another and the loop can stay an affine_range.
+        # Pass 1: each chunk's fp32 sum of squares lands in its own column, so chunks do not
+        # wait on one another; a resident x chunk is loaded once and reused in pass 2.
         partial = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c in nl.affine_range(n_chunks):
+        for c in range(n_chunks):
             c0, c1 = span(c, chunk, hidden)
-            x_sb = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)
-            # activation must write the squares somewhere; only their reduction is kept.
+            if resident:
+                x_c = x_sb[0:n, c0:c1]
+            else:
+                x_c = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
+            nisa.dma_copy(dst=x_c, src=x[r0:r1, c0:c1])
             squares = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_sb[0:n, 0 : c1 - c0], src=x[r0:r1, c0:c1])
-            nisa.activation(
-                dst=squares[0:n, 0 : c1 - c0],
-                op=nl.square,
-                data=x_sb[0:n, 0 : c1 - c0],
-                reduce_op=nl.add,
-                reduce_res=partial[0:n, c : c + 1],
-                reduce_cmd=nisa.reduce_cmd.reset_reduce,
-            )
-        total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_reduce(
-            dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1, keepdims=True
-        )
+            nisa.activation(dst=squares[0:n, 0 : c1 - c0], op=nl.square, data=x_c,
+                            reduce_op=nl.add, reduce_res=partial[0:n, c : c + 1],
+                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        if n_chunks == 1:
+            total = partial
+        else:
+            total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1,
+                               keepdims=True)
         rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(
-            dst=rstd[0:n, :], op=nl.rsqrt, data=total[0:n, :], scale=1.0 / hidden, bias=eps
-        )
+        nisa.activation(dst=rstd[0:n, :], op=nl.rsqrt, data=total[0:n, :], bias=eps_sb[0:n, :],
+                        scale=1.0 / hidden)
 
-        # Pass 2: x is read again chunk by chunk, so SBUF use does not grow with hidden
-        # beyond the resident weight.
-        for c in nl.affine_range(n_chunks):
+        # Pass 2: y = (x * rstd) * w, written over the x chunk it came from, then stored.
+        for c in range(n_chunks):
             c0, c1 = span(c, chunk, hidden)
-            x_sb = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)
-            y_sb = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_sb[0:n, 0 : c1 - c0], src=x[r0:r1, c0:c1])
-            nisa.scalar_tensor_tensor(
-                dst=y_sb[0:n, 0 : c1 - c0],
-                data=x_sb[0:n, 0 : c1 - c0],
-                op0=nl.multiply,
-                operand0=rstd[0:n, :],
-                op1=nl.multiply,
-                operand1=w_sb[0:n, c0:c1],
-            )
-            nisa.dma_copy(dst=out[r0:r1, c0:c1], src=y_sb[0:n, 0 : c1 - c0])
+            if resident:
+                x_c = x_sb[0:n, c0:c1]
+            else:  # the streamed plan reads x a second time (Plan.x_reads == 2)
+                x_c = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
+                nisa.dma_copy(dst=x_c, src=x[r0:r1, c0:c1])
+            nisa.scalar_tensor_tensor(dst=x_c, data=x_c, op0=nl.multiply, operand0=rstd[0:n, :],
+                                      op1=nl.multiply, operand1=w_sb[0:n, c0:c1])
+            nisa.dma_copy(dst=out[r0:r1, c0:c1], src=x_c)
     return out
 
 
-def _nki_problem(*extra: str) -> str | None:
-    """Why the real `nki` package (with `extra` top-level names) is unusable, or None."""
-    try:
-        import nki
-        import nki.isa
-        import nki.language
-    except ModuleNotFoundError as exc:
-        if exc.name == "nki":
-            return f"nki is not installed ({_NOT_ON_PYPI})"
-        return f"nki is incomplete, likely the PyPI placeholder ({exc}); {_NOT_ON_PYPI}"
-    except Exception as exc:  # a broken install must not crash whoever asks
-        return f"nki failed to import: {exc}"
-    needed = {
-        nki: ("jit", *extra),
-        nki.language: ("ndarray", "affine_range", "tile_size", "sbuf", "shared_hbm"),
-        nki.isa: ("dma_copy", "activation", "tensor_reduce", "scalar_tensor_tensor", "reduce_cmd"),
-    }
-    missing = [
-        f"{m.__name__}.{a}" for m, names in needed.items() for a in names if not hasattr(m, a)
-    ]
-    if missing:
-        return (
-            f"nki lacks {', '.join(missing)}: it is the PyPI placeholder or not the NKI Beta 2 "
-            f"release this kernel targets (Neuron SDK 2.33); {_NOT_ON_PYPI}"
-        )
-    return None
+def param_error(shape: tuple[int, ...], **params: Any) -> str | None:
+    """Why these tunables cannot run at `shape` (any dtype, any generation), or None."""
+    return nki_common.shape_param_error(nki_tiling, TUNABLES, shape, params)
 
 
 def unavailable_reason() -> str | None:
     """Why rms_norm_nki cannot run here; None when torch-neuronx, nki and a device are present."""
-    try:
-        import torch_neuronx
-    except ModuleNotFoundError as exc:
-        if exc.name == "torch_neuronx":
-            return f"torch-neuronx is not installed ({_NOT_ON_PYPI})"
-        return f"torch-neuronx failed to import: {exc}"
-    except Exception as exc:  # a broken install must not crash whoever asks
-        return f"torch-neuronx failed to import: {exc}"
-    if not all(hasattr(torch_neuronx, name) for name in ("nki_op", "wrap_nki")):
-        return (
-            "torch-neuronx has no nki_op/wrap_nki: it is the PyPI placeholder or predates "
-            f"TorchNeuron 2.13; {_NOT_ON_PYPI}"
-        )
-    problem = _nki_problem()
-    if problem is not None:
-        return problem
-    neuron = getattr(torch, "neuron", None)
-    if neuron is None:
-        return "torch.neuron is missing: torch-neuronx did not register the neuron device"
-    try:
-        available = bool(neuron.is_available())
-    except Exception as exc:  # the runtime can fail without a driver; report, don't raise
-        return f"torch.neuron.is_available() failed: {exc}"
-    if not available:
-        return "no Neuron device: torch.neuron.is_available() is False (needs Trn2 or Trn3)"
-    return None
+    return nki_common.torch_neuron_problem(NL_NAMES, NISA_NAMES)
 
 
 def simulator_unavailable_reason() -> str | None:
-    """Why simulate_rms_norm cannot run here (it needs nki.simulate), or None if it can."""
-    return _nki_problem("simulate")
+    """Why simulate_rms_norm cannot run here (it needs the real nki.simulate), or None."""
+    return nki_common.nki_problem(NL_NAMES, NISA_NAMES, "simulate")
 
 
 @functools.cache
 def _jit_kernel() -> Any:
-    global nl, nisa
-    import nki
-    import nki.isa
-    import nki.language
-
-    nl, nisa = nki.language, nki.isa
-    return nki.jit(_rmsnorm_kernel)
+    return nki_common.bind_language(globals()).jit(_rmsnorm_kernel)
 
 
 @functools.cache
-def _torch_op() -> Callable[..., torch.Tensor]:
-    from torch_neuronx import nki_op, wrap_nki
+def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
+    from torch_neuronx import nki_op
 
-    kernel = wrap_nki(_jit_kernel())
+    kernel = nki_common.launch(_jit_kernel(), lnc)
 
-    @nki_op("fusionlab::rms_norm_nki", mutates_args={})
-    def rms_norm_nki_op(
-        x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_tile: int, free_chunk: int
-    ) -> torch.Tensor:
-        return kernel(x, weight, eps, rows_per_tile, free_chunk)
+    @nki_op(f"fusionlab::rms_norm_nki_lnc{lnc}", mutates_args={})
+    def rms_norm_nki_op(x: torch.Tensor, weight: torch.Tensor, eps: float, free_chunk: int,
+                        lnc_split: str, resident: bool) -> torch.Tensor:
+        return kernel(x, weight, eps, free_chunk, lnc_split, resident)
 
     return rms_norm_nki_op
 
 
-def _rows_and_hidden(shape: tuple[int, ...], weight_shape: tuple[int, ...]) -> tuple[int, int]:
-    if not shape:
-        raise ValueError("x must have at least one dimension")
-    hidden = shape[-1]
-    if weight_shape != (hidden,):
-        raise ValueError(f"weight shape {weight_shape} != ({hidden},)")
-    return (int(np.prod(shape[:-1], dtype=np.int64)), hidden)
+def rms_norm_nki(x: torch.Tensor, weight: torch.Tensor, eps: float, *, free_chunk: int,
+                 lnc_split: str) -> torch.Tensor:
+    """RMSNorm over the last dim of `x` on the neuron device, eager, at the runtime's LNC degree.
 
-
-def _validated(
-    shape: tuple[int, ...], weight_shape: tuple[int, ...], rows_per_tile: int, free_chunk: int
-) -> tuple[int, int]:
-    rows, hidden = _rows_and_hidden(shape, weight_shape)
-    error = param_error(rows, hidden, rows_per_tile, free_chunk)
-    if error is not None:
-        raise ValueError(error)
-    return rows, hidden
-
-
-def rms_norm_nki(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, *, rows_per_tile: int, free_chunk: int
-) -> torch.Tensor:
-    """RMSNorm over the last dim of `x` (on the neuron device) with the NKI kernel, eager."""
-    rows, hidden = _validated(tuple(x.shape), tuple(weight.shape), rows_per_tile, free_chunk)
-    if x.dtype not in _SUPPORTED_DTYPES:
-        raise ValueError(f"x dtype {x.dtype} is not one of {_SUPPORTED_DTYPES}")
+    Rows that are not contiguous are copied by `.contiguous()` first; that copy is part of the
+    kernel's cost.
+    """
+    if tuple(weight.shape) != tuple(x.shape[-1:]):
+        raise ValueError(f"weight shape {tuple(weight.shape)} != {tuple(x.shape[-1:])}")
+    lnc, _ = nki_common.lnc_degree()
+    plan = nki_common.shape_plan(nki_tiling, tuple(x.shape), nki_common.dtype_name(x.dtype),
+                                 lnc=lnc, generation=nki_common.generation(),
+                                 free_chunk=free_chunk, lnc_split=lnc_split)
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
-    if x.device.type != "neuron" or weight.device != x.device:
-        raise ValueError(
-            f"x and weight must be on one neuron device, got {x.device}/{weight.device}"
-        )
-    x2d = x.reshape(rows, hidden).contiguous()
-    w2d = weight.reshape(1, hidden).contiguous()
-    out = _torch_op()(x2d, w2d, float(eps), rows_per_tile, free_chunk)
+    nki_common.check_devices(x, weight)
+    x2d = x.reshape(plan.rows, plan.hidden).contiguous()
+    w2d = weight.reshape(1, plan.hidden).contiguous()
+    out = _torch_op(lnc)(x2d, w2d, float(eps), free_chunk, lnc_split, plan.resident)
     return out.reshape(x.shape)
 
 
-def simulate_rms_norm(
-    x_np: np.ndarray, w_np: np.ndarray, eps: float, *, rows_per_tile: int, free_chunk: int
-) -> np.ndarray:
-    """Run the same kernel in NKI's CPU simulator (nki.simulate) on NumPy arrays."""
-    rows, hidden = _validated(x_np.shape, w_np.shape, rows_per_tile, free_chunk)
+def simulate_rms_norm(x_np: np.ndarray, w_np: np.ndarray, eps: float, *, lnc: int,
+                      **tunables: Any) -> np.ndarray:
+    """Run the kernel in AWS's CPU simulator, nki.simulate(kernel[lnc]), on float32 arrays."""
+    plan = nki_common.shape_plan(nki_tiling, x_np.shape, "float32", lnc=lnc,
+                                 generation=nki_common.generation(), **tunables)
     reason = simulator_unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
     import nki
 
-    x2d = np.ascontiguousarray(x_np.reshape(rows, hidden))
-    w2d = np.ascontiguousarray(w_np.reshape(1, hidden))
-    out = nki.simulate(_jit_kernel())(x2d, w2d, float(eps), rows_per_tile, free_chunk)
+    kernel = nki_common.launch(_jit_kernel(), lnc)
+    x2d = np.ascontiguousarray(x_np.reshape(plan.rows, plan.hidden))
+    out = nki.simulate(kernel)(x2d, w_np.reshape(1, -1), float(eps), tunables["free_chunk"],
+                               tunables["lnc_split"], plan.resident)
     return np.asarray(out).reshape(x_np.shape)
+
+
+def replay_rms_norm(x_np: np.ndarray, w_np: np.ndarray, eps: float, *, dtype: str, lnc: int,
+                    generation: str, **tunables: Any) -> tuple[np.ndarray, nki_replay.Replay, Plan]:
+    """Run the kernel's real body in the NumPy MODEL of NKI (nki_replay), not on hardware."""
+    plan = nki_common.shape_plan(nki_tiling, x_np.shape, dtype, lnc=lnc, generation=generation,
+                                 **tunables)
+    result = nki_replay.replay(
+        _rmsnorm_kernel,
+        [(x_np.reshape(plan.rows, plan.hidden), dtype), (w_np.reshape(1, -1), dtype)],
+        [float(eps), tunables["free_chunk"], tunables["lnc_split"], plan.resident],
+        lnc=lnc, generation=generation, nl_names=NL_NAMES, nisa_names=NISA_NAMES)
+    return result.outputs[0].reshape(x_np.shape), result, plan
