@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from fusionlab import neuron_profile
-from fusionlab.neuron_profile import device_time_per_call
+from fusionlab.devices import neuron_profile
+from fusionlab.devices.neuron_profile import device_time_per_call
 
 SAMPLE = Path(__file__).parent / "data" / "neuron_system_profile_lnc2.json"
 

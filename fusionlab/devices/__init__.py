@@ -53,6 +53,11 @@ class Device:
         """Extra keyword arguments for torch.profiler.profile on this device."""
         return {}
 
+    def profile_device_time(self, extra: dict[str, Any], calls: int) -> tuple[float | None, str]:
+        """Device seconds per call from the device's own profile output (what `extra` had the
+        profiler write), when torch.profiler's events carry none; (None, why) when unknown."""
+        return None, ""
+
     def hardware_name(self) -> str:
         """A name that identifies the hardware, so results from different machines never mix."""
         raise NotImplementedError

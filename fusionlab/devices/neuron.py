@@ -10,7 +10,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity
 
-from fusionlab.devices import Device, register_device
+from fusionlab.devices import Device, neuron_profile, register_device
 
 _NOT_ON_PYPI = "it comes from AWS's Neuron repository, not PyPI"
 _TOOLCHAIN_PACKAGES = ("torch-neuronx", "neuronx-cc", "nki", "libneuronxla")
@@ -29,7 +29,7 @@ class NeuronDevice(Device):
     compile_backend = "neuron"
     profile_viewer = "neuron-explorer view -d DIR"
     # neuronx-cc compiles every new shape; a cold compile can take minutes.
-    default_timeout_s = 1800.0
+    default_timeout_s = neuron_profile.COLD_COMPILE_TIMEOUT_S
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -50,14 +50,18 @@ class NeuronDevice(Device):
         return [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
 
     def profiler_extra(self, trace_dir: str | None) -> dict[str, Any]:
-        # Lazy: Neuron SDK only (tools/neuron-explorer/how-to-profile-pytorch).
-        from torch_neuronx.profiling import NeuronConfig, NeuronProfiler, ProfileMode
+        # NeuronConfig on every profiled run: it controls the PrivateUse1 activity (RUNTIME mode;
+        # DEVICE mode reserves ~5 GB of HBM on Trn2). See neuron_profile.py for the sources.
+        kwargs = neuron_profile.profiler_kwargs(trace_dir)
+        kwargs.pop("activities", None)  # profiler_activities() gives them to every device alike
+        return kwargs
 
-        config = NeuronConfig(modes=[ProfileMode.RUNTIME], profile_output_dir=trace_dir)
-        return {
-            "experimental_config": config,
-            "on_trace_ready": NeuronProfiler(config).export_trace,
-        }
+    def profile_device_time(self, extra: dict[str, Any], calls: int) -> tuple[float | None, str]:
+        output_dir = getattr(extra, "output_dir", None)
+        if output_dir is None:
+            return None, "no Neuron profile directory"
+        found = neuron_profile.device_time_per_call(output_dir, expected_calls=calls)
+        return found.per_call_s, "" if found.reason is None else f"Neuron profile: {found.reason}"
 
     def hardware_name(self) -> str:
         get_name = getattr(getattr(torch, "neuron", None), "get_device_name", None)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.autograd.profiler_util import FunctionEvent
@@ -89,16 +90,18 @@ def profile_calls(
     call: Callable[[], object],
     device: Device,
     settings: ProfilerSettings,
-    trace_dir: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> profile:
-    """Run the call under torch.profiler with the shared schedule; return the profiler."""
+    """Run the call under torch.profiler with the shared schedule; return the profiler.
+
+    `extra` is the device's own profiler arguments (Device.profiler_extra)."""
     steps = settings.wait + settings.warmup + settings.active
     with profile(
         activities=device.profiler_activities(),
         schedule=schedule(wait=settings.wait, warmup=settings.warmup, active=settings.active),
         record_shapes=settings.record_shapes,
         profile_memory=settings.profile_memory,
-        **device.profiler_extra(trace_dir),
+        **(extra or {}),
     ) as prof:
         for _ in range(steps):
             with record_function(CALL_MARKER):

@@ -267,8 +267,15 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
 
 def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
     first = m.sets.sets[0]
-    prof = profile_calls(lambda: m.kernel(*first), m.device, task.profiler, task.trace_dir)
+    extra = m.device.profiler_extra(task.trace_dir)
+    prof = profile_calls(lambda: m.kernel(*first), m.device, task.profiler, extra)
     record.fusion = fusion_accounting(prof, m.device)
+    if record.fusion.device_time_us is None and m.device.event_device_types:
+        # The backend kept its device timeline to itself: read it from the device's own profile.
+        seconds, why = m.device.profile_device_time(extra, task.profiler.active)
+        if seconds is not None:
+            record.fusion.device_time_us = seconds * 1e6
+        record.fusion.note = "; ".join(n for n in (record.fusion.note, why) if n)
     if task.profile_table_rows:
         record.profile_table = key_averages_table(prof, m.device, task.profile_table_rows)
     if task.trace_dir is not None:

@@ -1,3 +1,3 @@
 """Fused residual add + RMSNorm: its spec, the framework lowerings and the hand-written kernels."""
 
-from fusionlab.kernels.add_rmsnorm import framework, spec  # noqa: F401
+from fusionlab.kernels.add_rmsnorm import framework, handwritten, spec  # noqa: F401

@@ -1,3 +1,3 @@
 """LayerNorm: its spec, the framework lowerings and the hand-written kernels."""
 
-from fusionlab.kernels.layernorm import framework, spec  # noqa: F401
+from fusionlab.kernels.layernorm import framework, handwritten, spec  # noqa: F401

@@ -4,10 +4,9 @@ Neuron. Each kernel module imports its toolchain lazily and says why it is unava
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
-from fusionlab.kernels.rmsnorm import cpu_cpp, nki_kernel, nki_tiling, triton_kernel
+from fusionlab.kernels.rmsnorm import cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.registry import Kernel, register_variant
 
@@ -44,10 +43,8 @@ def triton(device_type: str, **params: Any) -> Kernel:
     devices=("neuron",),
     tunables=nki_kernel.TUNABLES,
     available=lambda device_type: nki_kernel.unavailable_reason(),
-    check_params=lambda shape, params, device_type: nki_tiling.param_error(
-        math.prod(shape[:-1]), shape[-1], **params
-    ),
+    check_params=lambda shape, params, device_type: nki_kernel.param_error(shape, **params),
 )
 def nki(device_type: str, **params: Any) -> Kernel:
-    """NKI kernel: rows on the 128 partitions, free dimension in chunks, weight loaded once."""
+    """NKI kernel: rows on the 128 partitions split across logical cores, x kept in SBUF."""
     return functools.partial(nki_kernel.rms_norm_nki, **params)

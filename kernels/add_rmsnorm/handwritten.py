@@ -1,0 +1,24 @@
+"""The hand-written add + RMSNorm kernels registered as variants: C++ on CPU, Triton on CUDA, NKI
+on Neuron. Each reads x and the residual once and writes both results."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from fusionlab.kernels.add_rmsnorm import nki_kernel
+from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
+from fusionlab.registry import Kernel, register_variant
+
+
+@register_variant(
+    ADD_RMSNORM.name,
+    "nki",
+    devices=("neuron",),
+    tunables=nki_kernel.TUNABLES,
+    available=lambda device_type: nki_kernel.unavailable_reason(),
+    check_params=lambda shape, params, device_type: nki_kernel.param_error(shape, **params),
+)
+def nki(device_type: str, **params: Any) -> Kernel:
+    """NKI kernel: the fp32 sum kept in SBUF, normalised and written with the new residual."""
+    return functools.partial(nki_kernel.add_rms_norm_nki, **params)

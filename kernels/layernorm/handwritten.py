@@ -1,0 +1,24 @@
+"""The hand-written LayerNorm kernels registered as variants: C++ on CPU, Triton on CUDA, NKI on
+Neuron. Each kernel module imports its toolchain lazily and says why it is unavailable."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from fusionlab.kernels.layernorm import nki_kernel
+from fusionlab.kernels.layernorm.spec import LAYERNORM
+from fusionlab.registry import Kernel, register_variant
+
+
+@register_variant(
+    LAYERNORM.name,
+    "nki",
+    devices=("neuron",),
+    tunables=nki_kernel.TUNABLES,
+    available=lambda device_type: nki_kernel.unavailable_reason(),
+    check_params=lambda shape, params, device_type: nki_kernel.param_error(shape, **params),
+)
+def nki(device_type: str, **params: Any) -> Kernel:
+    """NKI kernel: mean and variance in one pass over an SBUF-resident row tile."""
+    return functools.partial(nki_kernel.layer_norm_nki, **params)
