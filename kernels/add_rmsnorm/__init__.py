@@ -1,0 +1,1 @@
+"""Fused residual-add + RMSNorm kernels."""

@@ -1,0 +1,1 @@
+"""LayerNorm kernels."""
