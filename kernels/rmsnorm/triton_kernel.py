@@ -11,11 +11,16 @@ One row per program with 4-32 warps is Liger's setting (linkedin/Liger-Kernel
 src/liger_kernel/ops/utils.py `calculate_settings`: 8 warps at 4096, 16 at 8192) and the
 one-pass form of triton-lang/triton python/tutorials/05-layer-norm.py.
 
-Per-thread cost: a thread holds block_size / threads_per_row fp32 values of its row. ptxas for
-sm_90 keeps 64 of them without a spill (the old "spills" rationale was wrong); what more values
-cost is registers per thread, hence resident warps per SM (65536 registers / SM), which is the
-trade the sweep measures. `_MAX_ELEMENTS_PER_THREAD` is the largest count every op compiles
-without spills, asserted point by point by tests/test_triton_hopper.py.
+Per-thread cost: a thread holds block_size / threads_per_row fp32 values of its row, about two
+registers each. ptxas for sm_90 keeps 64 of them in ~127 registers without a spill (the old
+"spills at 64" rationale was wrong): what more values cost is registers per thread, hence fewer
+resident warps per SM (65536 registers per SM; 127 registers leave 16 of 64 warps), which is the
+trade the sweep measures. Spills do appear when one block asks for more than the SM's 65536
+registers (16 rows x 4096 in bf16: ptxas caps 1024 threads at 64 registers and spills ~1 KB;
+8 rows x 4096 in fp32: 512 threads capped at 128 registers spill 56 B), so param_error rejects
+tiles of more than 16384 values (3 registers per value, the fp32 worst case, within 65536).
+Every accepted point at hidden 4096 and 8192, bf16 and fp32, is compiled and asserted spill-free
+by tests/test_triton_hopper.py.
 """
 
 from __future__ import annotations
@@ -45,8 +50,13 @@ TUNABLES: dict[str, tuple[int, ...]] = {
 
 _WARP = 32
 _MAX_THREADS = 1024  # per CUDA block, so num_warps <= 32
-# fp32 values of a row per thread that every op here compiles to with zero spills on sm_90.
+# fp32 values of a row per thread that every op here compiles to with zero spills on sm_90
+# (ptxas -v: 64 values take 116-127 registers of the 255 a thread may have).
 _MAX_ELEMENTS_PER_THREAD = 64
+# Registers per held value, measured by ptxas for sm_90: ~2 for bf16 (64 values -> 116-127),
+# ~2.5 for fp32 (64 -> 161-164, 32 -> 78-90). param_error knows no dtype, so it budgets 3.
+_REGISTERS_PER_VALUE = 3
+_SM_REGISTERS = 65536
 _VECTOR_BYTES = 16  # the widest global load/store (ld.global.v4.b32)
 
 
@@ -92,6 +102,13 @@ def tile_error(
     threads = rows_per_program * threads_per_row
     if threads > _MAX_THREADS:
         return f"{threads} threads per program exceed CUDA's {_MAX_THREADS}"
+    if rows_per_program * block_size * _REGISTERS_PER_VALUE > _SM_REGISTERS:
+        # A block's threads share one SM's register file, so each gets at most 65536 / threads.
+        return (
+            f"a {rows_per_program} x {block_size} tile needs up to "
+            f"{rows_per_program * block_size * _REGISTERS_PER_VALUE} registers (fp32), more than "
+            f"the {_SM_REGISTERS} of an SM: it spills"
+        )
     if rows_per_program > _next_pow2(max(n_rows, 1)):
         return f"rows_per_program {rows_per_program} > {n_rows} rows: the extra rows are masked"
     if threads < _WARP and (threads_per_row < block_size or rows_per_program < n_rows):
