@@ -1,4 +1,4 @@
-"""Compile the Triton kernels for Hopper (sm_90) without a GPU: registers, spills, occupancy, layout.
+"""Compile the Triton kernels for Hopper (sm_90) without a GPU: registers, spills, occupancy.
 
 `triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32))`
 (triton-lang/triton python/triton/compiler/compiler.py) lowers to PTX on any machine. The PTX is
@@ -60,7 +60,7 @@ def valid_points(op: str, hidden: int) -> list[dict[str, int]]:
     """Every tunable combination `op`'s param_error accepts at (ROWS, hidden)."""
     mod, _ = _kernel(op)
     names = list(mod.TUNABLES)
-    points = [dict(zip(names, values)) for values in itertools.product(*mod.TUNABLES.values())]
+    points = [dict(zip(names, values, strict=True)) for values in itertools.product(*mod.TUNABLES.values())]
     return [p for p in points if mod.param_error((ROWS, hidden), **p) is None]
 
 

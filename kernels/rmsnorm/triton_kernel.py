@@ -43,7 +43,8 @@ else:
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in {"1", "true", "on", "yes"}
 
 TUNABLES: dict[str, tuple[int, ...]] = {
-    "block_size": tuple(2**i for i in range(17)),  # 1 .. 65536: the row, padded to a power of two
+    # 1 .. 16384: the row padded to a power of two; longer rows exceed an SM's registers (below).
+    "block_size": tuple(2**i for i in range(15)),
     "rows_per_program": (1, 2, 4, 8, 16, 32, 64),
     "threads_per_row": tuple(2**i for i in range(11)),  # 1 .. 1024
 }
