@@ -60,7 +60,8 @@ def valid_points(op: str, hidden: int) -> list[dict[str, int]]:
     """Every tunable combination `op`'s param_error accepts at (ROWS, hidden)."""
     mod, _ = _kernel(op)
     names = list(mod.TUNABLES)
-    points = [dict(zip(names, values, strict=True)) for values in itertools.product(*mod.TUNABLES.values())]
+    product = itertools.product(*mod.TUNABLES.values())
+    points = [dict(zip(names, values, strict=True)) for values in product]
     return [p for p in points if mod.param_error((ROWS, hidden), **p) is None]
 
 

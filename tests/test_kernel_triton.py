@@ -214,8 +214,9 @@ def test_invalid_params_raise_value_error():
         rms_norm_triton(x, weight, EPS, block_size=512, rows_per_program=1, threads_per_row=64)
     with pytest.raises(ValueError, match="power of two"):
         rms_norm_triton(x, weight, EPS, block_size=1024, rows_per_program=3, threads_per_row=64)
+    cfg = {"block_size": 1024, "rows_per_program": 2, "threads_per_row": 64}
     with pytest.raises(ValueError, match="parameter shape"):
-        rms_norm_triton(x, weight[:10], EPS, block_size=1024, rows_per_program=2, threads_per_row=64)
+        rms_norm_triton(x, weight[:10], EPS, **cfg)
 
 
 def test_available_under_interpreter():
