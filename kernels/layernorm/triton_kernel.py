@@ -2,9 +2,9 @@
 
 Same launch space as the RMSNorm kernel (fusionlab.kernels.rmsnorm.triton_kernel: a
 [SPLIT, ROWS, CHUNK] tile, `threads_per_row` threads per row, the row held in registers). The
-variance is taken around the mean of the row already in registers (two reductions, one read of
-x), as in triton-lang/triton python/tutorials/05-layer-norm.py `_layer_norm_fwd_fused` and
-linkedin/Liger-Kernel src/liger_kernel/ops/layer_norm.py, never as E[x^2] - E[x]^2.
+variance is taken around the mean (as triton-lang/triton python/tutorials/05-layer-norm.py
+`_layer_norm_fwd_fused` and linkedin/Liger-Kernel src/liger_kernel/ops/layer_norm.py do), never as
+E[x^2] - E[x]^2, and from the row already in registers: two reductions, one read of x.
 """
 
 from __future__ import annotations

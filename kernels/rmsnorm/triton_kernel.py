@@ -8,8 +8,9 @@ Triton's blocked layout (filled along its order [2, 1, 0]: columns, then rows) p
 `threads_per_row` threads on a row and the warps left over on further rows, and each thread keeps
 SPLIT vectors of its row; `tests/test_triton_hopper.py` checks that layout in the compiled TTGIR.
 One row per program with 4-32 warps is Liger's setting (linkedin/Liger-Kernel
-src/liger_kernel/ops/utils.py `calculate_settings`: 8 warps at 4096, 16 at 8192) and the
-one-pass form of triton-lang/triton python/tutorials/05-layer-norm.py.
+src/liger_kernel/ops/utils.py `calculate_settings`: 8 warps at 4096, 16 at 8192);
+triton-lang/triton python/tutorials/05-layer-norm.py instead walks the row in BLOCK_SIZE chunks,
+re-reading it once per pass, which this space leaves out (rows here are read once).
 
 Per-thread cost: a thread holds block_size / threads_per_row fp32 values of its row, about two
 registers each. ptxas for sm_90 keeps 64 of them in ~127 registers without a spill (the old
