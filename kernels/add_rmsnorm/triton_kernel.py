@@ -1,0 +1,156 @@
+"""Triton fused residual add + RMSNorm: residual_out = x + residual, out = rmsnorm(residual_out).
+
+x and residual are read once and both results written from the same registers; the sum is formed
+in fp32, stored in x.dtype, and the norm is taken from the fp32 sum (vLLM's fused_add_rms_norm,
+vllm-project/vllm csrc/layernorm_kernels.cu; Liger's fused add in linkedin/Liger-Kernel
+src/liger_kernel/ops/fused_add_rms_norm.py). Launch space: fusionlab.kernels.rmsnorm.triton_kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fusionlab.kernels.rmsnorm.triton_kernel import (
+    TUNABLES,
+    as_rows,
+    check_launch,
+    num_warps_for,
+    tile_constexprs,
+    tile_error,
+    triton,
+    unavailable_reason,
+)
+
+__all__ = [
+    "TUNABLES",
+    "add_rms_norm_triton",
+    "add_rms_norm_triton_",
+    "param_error",
+    "unavailable_reason",
+]
+
+if triton is not None:
+    import triton.language as tl
+
+    from fusionlab.kernels.rmsnorm.triton_kernel import row_sum, tile_offsets
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        x_ptr,
+        r_ptr,
+        w_ptr,
+        y_ptr,
+        s_ptr,
+        x_row_stride,
+        r_row_stride,
+        y_row_stride,
+        s_row_stride,
+        n_rows,
+        n_cols,
+        eps,
+        ROWS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        CHUNK: tl.constexpr,
+    ):
+        rows, cols, col_mask, mask = tile_offsets(n_rows, n_cols, ROWS, SPLIT, CHUNK)
+        x = tl.load(
+            x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)
+        r = tl.load(
+            r_ptr + rows * r_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)
+        s = x + r
+        # Stored before the reduction so the in-place flavour never reads what it overwrote:
+        # every element is loaded above, by the program that alone writes its row.
+        tl.store(s_ptr + rows * s_row_stride + cols, s.to(s_ptr.dtype.element_ty), mask=mask)
+        rstd = tl.rsqrt(row_sum(s * s) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
+        y = s * rstd * w.to(tl.float32)
+        tl.store(y_ptr + rows * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def param_error(
+    shape: tuple[int, ...], block_size: int, rows_per_program: int, threads_per_row: int
+) -> str | None:
+    """Why this tunable combination cannot (or should not) run at `shape`, else None."""
+    return tile_error(shape, block_size, rows_per_program, threads_per_row)
+
+
+def _launch(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+    residual_out: torch.Tensor,
+    block_size: int,
+    rows_per_program: int,
+    threads_per_row: int,
+) -> None:
+    n_rows, hidden = x.shape
+    if n_rows == 0:
+        return
+    _add_rms_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        x,
+        residual,
+        weight.contiguous(),
+        out,
+        residual_out,
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        residual_out.stride(0),
+        n_rows,
+        hidden,
+        eps,
+        **tile_constexprs(block_size, rows_per_program, threads_per_row, x.element_size()),
+        num_warps=num_warps_for(rows_per_program, threads_per_row),
+    )
+
+
+def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, params: tuple) -> None:
+    if residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    check_launch(x, param_error(tuple(x.shape), *params), weight)
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    block_size: int,
+    rows_per_program: int,
+    threads_per_row: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rmsnorm(x + residual) * weight, x + residual), both in `x.dtype`; inputs untouched."""
+    params = (block_size, rows_per_program, threads_per_row)
+    _check(x, residual, weight, params)
+    x2d, r2d = as_rows(x), as_rows(residual)
+    out = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
+    _launch(x2d, r2d, weight, eps, out, residual_out, *params)
+    return out.view(x.shape), residual_out.view(x.shape)
+
+
+def add_rms_norm_triton_(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    block_size: int,
+    rows_per_program: int,
+    threads_per_row: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In place (vLLM style): x becomes the normed output, residual becomes x + residual."""
+    params = (block_size, rows_per_program, threads_per_row)
+    _check(x, residual, weight, params)
+    x2d, r2d = as_rows(x), as_rows(residual)
+    _launch(x2d, r2d, weight, eps, x2d, r2d, *params)
+    # as_rows copies when the strides admit no [rows, hidden] view; write those results back.
+    for target, result in ((x, x2d), (residual, r2d)):
+        if result.untyped_storage().data_ptr() != target.untyped_storage().data_ptr():
+            target.copy_(result.view(target.shape))
+    return x, residual

@@ -1,0 +1,99 @@
+"""Triton LayerNorm: y = (x - mean) * rsqrt(var + eps) * weight + bias, biased variance.
+
+Same launch space as the RMSNorm kernel (fusionlab.kernels.rmsnorm.triton_kernel: a
+[SPLIT, ROWS, CHUNK] tile, `threads_per_row` threads per row, the row held in registers). The
+variance is taken around the mean (as triton-lang/triton python/tutorials/05-layer-norm.py
+`_layer_norm_fwd_fused` and linkedin/Liger-Kernel src/liger_kernel/ops/layer_norm.py do), never as
+E[x^2] - E[x]^2, and from the row already in registers: two reductions, one read of x.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fusionlab.kernels.rmsnorm.triton_kernel import (
+    TUNABLES,
+    as_rows,
+    check_launch,
+    num_warps_for,
+    tile_constexprs,
+    tile_error,
+    triton,
+    unavailable_reason,
+)
+
+__all__ = ["TUNABLES", "layer_norm_triton", "param_error", "unavailable_reason"]
+
+if triton is not None:
+    import triton.language as tl
+
+    from fusionlab.kernels.rmsnorm.triton_kernel import row_sum, tile_offsets
+
+    @triton.jit
+    def _layer_norm_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        y_ptr,
+        x_row_stride,
+        y_row_stride,
+        n_rows,
+        n_cols,
+        eps,
+        ROWS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        CHUNK: tl.constexpr,
+    ):
+        rows, cols, col_mask, mask = tile_offsets(n_rows, n_cols, ROWS, SPLIT, CHUNK)
+        x = tl.load(
+            x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first"
+        ).to(tl.float32)
+        mean = row_sum(x) / n_cols
+        # Padding columns must not add (0 - mean)^2 to the variance.
+        xc = tl.where(col_mask, x - mean, 0.0)
+        rstd = tl.rsqrt(row_sum(xc * xc) / n_cols + eps)
+        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
+        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
+        y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
+        tl.store(y_ptr + rows * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def param_error(
+    shape: tuple[int, ...], block_size: int, rows_per_program: int, threads_per_row: int
+) -> str | None:
+    """Why this tunable combination cannot (or should not) run at `shape`, else None."""
+    return tile_error(shape, block_size, rows_per_program, threads_per_row)
+
+
+def layer_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    *,
+    block_size: int,
+    rows_per_program: int,
+    threads_per_row: int,
+) -> torch.Tensor:
+    """LayerNorm over the last dim of `x`; fp32 math, output in `x.dtype`."""
+    error = param_error(tuple(x.shape), block_size, rows_per_program, threads_per_row)
+    check_launch(x, error, weight, bias)
+    x2d = as_rows(x)
+    n_rows, hidden = x2d.shape
+    y = torch.empty((n_rows, hidden), dtype=x.dtype, device=x.device)
+    if n_rows == 0:
+        return y.view(x.shape)
+    _layer_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        x2d,
+        weight.contiguous(),
+        bias.contiguous(),
+        y,
+        x2d.stride(0),
+        y.stride(0),
+        n_rows,
+        hidden,
+        eps,
+        **tile_constexprs(block_size, rows_per_program, threads_per_row, x.element_size()),
+        num_warps=num_warps_for(rows_per_program, threads_per_row),
+    )
+    return y.view(x.shape)

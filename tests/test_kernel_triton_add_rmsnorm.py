@@ -1,0 +1,174 @@
+"""Triton fused residual add + RMSNorm, run on CPU tensors through the Triton interpreter."""
+
+import os
+
+# Triton reads this when kernels are decorated, so it must be set before the kernel module loads.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import itertools
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from fusionlab.kernels.add_rmsnorm.triton_kernel import (
+    TUNABLES,
+    add_rms_norm_triton,
+    add_rms_norm_triton_,
+    param_error,
+    unavailable_reason,
+)
+
+EPS = 1e-6
+TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
+NAMES = tuple(TUNABLES)
+SHAPES = [
+    (1, 1), (33, 1), (2, 2), (3, 3), (3, 7), (70, 7), (2, 9), (2, 17), (2, 3, 48), (33, 128),
+    (4, 256), (2, 300), (1, 1000), (5, 1000), (2, 2000), (2, 4096), (1, 5000), (1, 8192),
+    (1, 10000),
+]
+
+
+def valid_configs(shape: tuple[int, ...]) -> list[dict[str, int]]:
+    points = (dict(zip(NAMES, v, strict=True)) for v in itertools.product(*TUNABLES.values()))
+    return [p for p in points if param_error(shape, **p) is None]
+
+
+def cost(shape: tuple[int, ...], cfg: dict[str, int]) -> int:
+    # The interpreter pays per program and per tile element.
+    programs = math.ceil(math.prod(shape[:-1]) / cfg["rows_per_program"])
+    return programs * (1000 + cfg["rows_per_program"] * cfg["block_size"])
+
+
+def covering_cases() -> list[tuple[tuple[int, ...], dict[str, int]]]:
+    """The cheapest (shape, config) for every tunable value, plus the cheapest per shape."""
+    pool = [(shape, cfg) for shape in SHAPES for cfg in valid_configs(shape)]
+    chosen = [min((c for c in pool if c[0] == shape), key=lambda c: cost(*c)) for shape in SHAPES]
+    for name, values in TUNABLES.items():
+        for value in values:
+            chosen.append(min((c for c in pool if c[1][name] == value), key=lambda c: cost(*c)))
+    unique = {(shape, tuple(cfg.values())): (shape, cfg) for shape, cfg in chosen}
+    return list(unique.values())
+
+
+CASES = covering_cases()
+
+
+def reference(x, residual, weight, eps):
+    """(out, residual_out) in float64; out is normed from the exact, unrounded sum."""
+    s = x.double() + residual.double()
+    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.double(), s
+
+
+def make_inputs(shape, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    residual = torch.randn(shape, generator=gen).to(dtype)
+    weight = (1 + 0.5 * torch.randn(shape[-1], generator=gen)).to(dtype)
+    return x, residual, weight
+
+
+def assert_close(actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert actual.dtype == dtype
+    assert actual.shape == ref.shape
+    tol = TOLERANCES[dtype]
+    assert ((actual.double() - ref).abs() <= tol + tol * ref.abs()).all()
+
+
+def check(x, residual, weight, cfg):
+    x0, r0 = x.clone(), residual.clone()
+    out, residual_out = add_rms_norm_triton(x, residual, weight, EPS, **cfg)
+    ref_out, ref_sum = reference(x, residual, weight, EPS)
+    assert_close(out, ref_out, x.dtype)
+    assert_close(residual_out, ref_sum, x.dtype)
+    assert torch.equal(x, x0) and torch.equal(residual, r0)  # the out-of-place flavour
+    return out, residual_out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("shape", "cfg"), CASES, ids=str)
+def test_matches_float64_reference(shape, cfg, dtype):
+    check(*make_inputs(shape, dtype), cfg)
+
+
+def test_every_tunable_value_is_exercised():
+    for name, values in TUNABLES.items():
+        assert {cfg[name] for _, cfg in CASES} == set(values), name
+
+
+@pytest.mark.parametrize(("rows", "threads"), [(2, 64), (1, 256), (4, 128)])
+def test_default_hidden_tiles(rows, threads):
+    cfg = {"block_size": 4096, "rows_per_program": rows, "threads_per_row": threads}
+    check(*make_inputs((7, 4096), torch.bfloat16, seed=9), cfg)
+
+
+def test_bfloat16_sum_is_rounded_once_and_out_uses_the_fp32_sum():
+    # Within 1 bf16 ulp of the exact values: the sum is rounded once (not x + r in bf16 and then
+    # again), and out is rounded once from fp32 math on the unrounded sum.
+    x, residual, weight = make_inputs((16, 128), torch.bfloat16, seed=8)
+    cfg = {"block_size": 128, "rows_per_program": 8, "threads_per_row": 32}
+    out, residual_out = add_rms_norm_triton(x, residual, weight, EPS, **cfg)
+    for actual, ref in zip((out, residual_out), reference(x, residual, weight, EPS), strict=True):
+        _, exponent = torch.frexp(ref)
+        ulp = torch.ldexp(torch.ones_like(ref), exponent - 8)  # bf16 keeps 8 significant bits
+        assert ((actual.double() - ref).abs() / ulp).max().item() < 1.01
+
+
+VIEWS = [
+    pytest.param(lambda t: t[:, :100], id="column-slice"),
+    pytest.param(lambda t: t[::2, :100], id="every-other-row"),
+    pytest.param(lambda t: t[:, ::2], id="strided-last-dim"),
+    pytest.param(lambda t: t[:, :100].reshape(2, 5, 100), id="3d-of-slice"),
+    pytest.param(lambda t: t[:, :100].t().contiguous().t(), id="transposed"),
+]
+CFG = {"block_size": 128, "rows_per_program": 4, "threads_per_row": 16}
+
+
+@pytest.mark.parametrize("make_view", VIEWS)
+def test_non_contiguous_inputs(make_view):
+    x_base, r_base, _ = make_inputs((10, 200), torch.float32, seed=1)
+    _, _, weight = make_inputs((100,), torch.float32, seed=2)
+    # residual gets a different layout from x: its own slice of a wider, transposed tensor.
+    r = r_base.t().contiguous().t()
+    check(make_view(x_base), make_view(r), weight, CFG)
+
+
+@pytest.mark.parametrize("make_view", [pytest.param(lambda t: t[:, :128], id="row-slice"), *VIEWS])
+def test_in_place_writes_both_inputs(make_view):
+    x_base, r_base, _ = make_inputs((10, 200), torch.bfloat16, seed=3)
+    hidden = make_view(x_base).shape[-1]
+    _, _, weight = make_inputs((hidden,), torch.bfloat16, seed=4)
+    x, residual = make_view(x_base), make_view(r_base)
+    out, residual_out = add_rms_norm_triton(x, residual, weight, EPS, **CFG)
+    # Expected buffers: the views' elements replaced by the results, every other element kept.
+    x_expected, r_expected = x_base.clone(), r_base.clone()
+    make_view(x_expected).copy_(out)
+    make_view(r_expected).copy_(residual_out)
+    returned = add_rms_norm_triton_(x, residual, weight, EPS, **CFG)
+    assert returned[0] is x and returned[1] is residual
+    assert torch.equal(x_base, x_expected) and torch.equal(r_base, r_expected)
+
+
+def test_in_place_contiguous_3d():
+    x, residual, weight = make_inputs((2, 3, 48), torch.float32, seed=5)
+    cfg = {"block_size": 64, "rows_per_program": 8, "threads_per_row": 4}
+    out, residual_out = add_rms_norm_triton(x, residual, weight, EPS, **cfg)
+    x_ptr = x.data_ptr()
+    add_rms_norm_triton_(x, residual, weight, EPS, **cfg)
+    assert x.data_ptr() == x_ptr
+    assert torch.equal(x, out) and torch.equal(residual, residual_out)
+
+
+def test_errors():
+    x, residual, weight = make_inputs((2, 1000), torch.float32)
+    cfg = {"block_size": 1024, "rows_per_program": 2, "threads_per_row": 64}
+    with pytest.raises(ValueError, match="residual shape"):
+        add_rms_norm_triton(x, residual[:1], weight, EPS, **cfg)
+    with pytest.raises(ValueError, match="parameter shape"):
+        add_rms_norm_triton_(x, residual, weight[:10], EPS, **cfg)
+    with pytest.raises(ValueError, match="masked"):
+        add_rms_norm_triton(x, residual, weight, EPS, **{**cfg, "rows_per_program": 4})
+    assert param_error((2048, 4096), 4096, 2, 64) is None
+    assert unavailable_reason("cpu") is None
