@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.add_rmsnorm import nki_kernel
+from fusionlab.kernels.add_rmsnorm import nki_kernel, triton_kernel
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
 from fusionlab.registry import Kernel, register_variant
 
@@ -22,3 +22,30 @@ from fusionlab.registry import Kernel, register_variant
 def nki(device_type: str, **params: Any) -> Kernel:
     """NKI kernel: the fp32 sum kept in SBUF, normalised and written with the new residual."""
     return functools.partial(nki_kernel.add_rms_norm_nki, **params)
+
+
+@register_variant(
+    ADD_RMSNORM.name,
+    "triton",
+    devices=("cuda",),
+    tunables=triton_kernel.TUNABLES,
+    available=lambda device_type: triton_kernel.unavailable_reason(),
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+)
+def triton(device_type: str, **params: Any) -> Kernel:
+    """Triton kernel: reads x and residual once, writes the fp32 sum and the norm."""
+    return functools.partial(triton_kernel.add_rms_norm_triton, **params)
+
+
+@register_variant(
+    ADD_RMSNORM.name,
+    "triton-inplace",
+    devices=("cuda",),
+    tunables=triton_kernel.TUNABLES,
+    available=lambda device_type: triton_kernel.unavailable_reason(),
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+    inplace={"y": "x", "residual_out": "residual"},
+)
+def triton_inplace(device_type: str, **params: Any) -> Kernel:
+    """The Triton kernel writing y into x and the sum into residual (vLLM's contract)."""
+    return functools.partial(triton_kernel.add_rms_norm_triton_, **params)

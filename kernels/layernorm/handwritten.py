@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.layernorm import nki_kernel
+from fusionlab.kernels.layernorm import nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
 from fusionlab.registry import Kernel, register_variant
 
@@ -22,3 +22,16 @@ from fusionlab.registry import Kernel, register_variant
 def nki(device_type: str, **params: Any) -> Kernel:
     """NKI kernel: mean and variance in one pass over an SBUF-resident row tile."""
     return functools.partial(nki_kernel.layer_norm_nki, **params)
+
+
+@register_variant(
+    LAYERNORM.name,
+    "triton",
+    devices=("cuda",),
+    tunables=triton_kernel.TUNABLES,
+    available=lambda device_type: triton_kernel.unavailable_reason(),
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+)
+def triton(device_type: str, **params: Any) -> Kernel:
+    """Triton kernel: mean and variance of each row from one read, several rows per program."""
+    return functools.partial(triton_kernel.layer_norm_triton, **params)

@@ -30,10 +30,10 @@ def cpp(device_type: str, **params: Any) -> Kernel:
     devices=("cuda",),
     tunables=triton_kernel.TUNABLES,
     available=triton_kernel.unavailable_reason,
-    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape[-1], **params),
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
 )
 def triton(device_type: str, **params: Any) -> Kernel:
-    """Triton kernel: one row per program, or several rows per program for short rows."""
+    """Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on each row."""
     return functools.partial(triton_kernel.rms_norm_triton, **params)
 
 
