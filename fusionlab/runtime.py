@@ -51,14 +51,18 @@ class Dispatcher:
         *,
         winners: str | None = None,
         rank_by: str = "cold",
+        allow_inplace: bool = False,
     ) -> None:
+        """`allow_inplace`: also dispatch to variants that write their results into their inputs
+        (as vLLM's fused_add_rms_norm does); off by default, since callers keep their inputs."""
         self.spec = get_op(op)
+        self._allow_inplace = allow_inplace
         self._entries: dict[tuple[str, str], list[_Entry]] = {}
         if winners is not None:
             self._load_winners_file(winners)
         else:
             for cell in load_cells(open_storage(storage, must_exist=True), op):
-                winner = cell_winner(cell, rank_by)
+                winner = cell_winner(cell, rank_by, allow_inplace=allow_inplace)
                 if winner is not None:
                     self._add(
                         cell.cell.device_name,

@@ -110,7 +110,11 @@ def test_exports_parse_back_to_the_same_rows(swept, fmt: str, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     rows = best_rows(stored_cells("rmsnorm", url))
     if fmt == "json":
-        assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
+        written, expected_rows = json.loads(out.read_text())["rows"], json.loads(json.dumps(rows))
+        differences = [(i, key, row.get(key), expected_rows[i].get(key))
+                       for i, row in enumerate(written) for key in row | expected_rows[i]
+                       if row.get(key) != expected_rows[i].get(key)]
+        assert len(written) == len(expected_rows) and not differences, differences
         return
     shown = display_rows(rows, "rmsnorm")
     expected = [list(shown[0])] + [list(row.values()) for row in shown]

@@ -187,7 +187,14 @@ def _memory_records(prof: profile, device: Device) -> list[tuple[float, int]]:
 
 def fusion_accounting(prof: profile, device: Device) -> Fusion:
     """Device ops, busy time, idle gaps, host time and memory per call, as medians over calls."""
-    events = list(prof.events())
+    return account_events(list(prof.events()), _memory_records(prof, device), device)
+
+
+def account_events(
+    events: list[FunctionEvent], allocations: list[tuple[float, int]], device: Device
+) -> Fusion:
+    """The fusion accounting of a profiler's event list (CPU call markers with their operator
+    trees, and the device's own events) and its allocations, (start us, bytes)."""
     markers = sorted(
         (
             e
@@ -205,7 +212,6 @@ def fusion_accounting(prof: profile, device: Device) -> Fusion:
         for e in events
         if e.device_type in device.event_device_types and e.time_range.end > e.time_range.start
     ]
-    allocations = _memory_records(prof, device)
     use_device_events = bool(device.event_device_types) and bool(device_events)
     calls = []
     for index, marker in enumerate(markers):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusionlab.registry import get_op
-from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant
+from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
 from fusionlab.search.results_store import CellResult
 from fusionlab.shapes import format_shape
 
@@ -95,6 +95,7 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     per_variant = cell.best_per_variant(mode)
     row.update(
         fastest=best.variant,
+        variant=best.variant,
         params=_params(best.params),
         params_values=dict(best.params),
         median_ms=timing.median_ms,
@@ -115,6 +116,15 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
         row[f"break_even_vs_{key}"] = break_even(best, other, cell, mode)
     if winner.runner_up is not None:
         row["runner_up"] = winner.runner_up.variant
+    row["inplace"] = writes_inputs(best)
+    if row["inplace"]:
+        row["fastest"] = f"{best.variant} (in place)"
+        keeps_inputs = cell_winner(cell, mode, calls, allow_inplace=False)
+        if keeps_inputs is not None:
+            row["out_of_place"] = {
+                "variant": keeps_inputs.record.variant,
+                "params": dict(keeps_inputs.record.params),
+            }
     verdict = winner.verdict
     if verdict is not None and verdict.get("runner_up"):
         row["ratio"] = (

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusionlab.records import TrialRecord
+from fusionlab.registry import variants_of
 from fusionlab.report.verdict import break_even_calls
 from fusionlab.search.results_store import CellResult
 
@@ -39,9 +40,20 @@ def first_use_by_variant(cell: CellResult) -> dict[str, float]:
     return costs
 
 
-def cell_winner(cell: CellResult, mode: str = "cold", calls: int | None = None) -> Winner | None:
-    """The winner of a cell, or None when nothing passed."""
+def writes_inputs(record: TrialRecord) -> bool:
+    """Whether the record's variant writes its results into its inputs (declared in place)."""
+    variants = variants_of(record.op)
+    return record.variant in variants and bool(variants[record.variant].inplace)
+
+
+def cell_winner(
+    cell: CellResult, mode: str = "cold", calls: int | None = None, allow_inplace: bool = True
+) -> Winner | None:
+    """The winner of a cell, or None when nothing passed. Without `allow_inplace`, the winner
+    among variants that leave their inputs alone (what a caller that keeps them needs)."""
     best = cell.best_per_variant(mode)
+    if not allow_inplace:
+        best = {name: r for name, r in best.items() if not writes_inputs(r)}
     if not best:
         return None
     if calls is not None:
@@ -54,7 +66,7 @@ def cell_winner(cell: CellResult, mode: str = "cold", calls: int | None = None) 
     if verdict is not None:
         winner = cell.record_of(verdict["winner"])
         runner = cell.record_of(verdict["runner_up"]) if verdict.get("runner_up") else None
-        if winner is not None and winner.passed:
+        if winner is not None and winner.passed and winner.variant in best:
             return Winner(winner, runner, verdict, mode)
     ordered = list(best.values())
     return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, mode)
