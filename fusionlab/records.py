@@ -135,6 +135,7 @@ class TrialRecord:
     bytes_moved: int = 0
     seed: int = 0
     trial_s: float = 0.0  # wall time inside the worker for this trial
+    phases_s: dict[str, float] = field(default_factory=dict)  # where trial_s went
     profile_table: str = ""
     trace_file: str = ""
 

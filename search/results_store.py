@@ -35,8 +35,17 @@ def write_cell(study: optuna.Study, cell: Cell) -> None:
     study.set_user_attr(CELL_ATTR, cell.to_dict())
 
 
-def write_result(trial: optuna.Trial, config_key: str, record: TrialRecord) -> None:
-    trial.set_user_attr(CONFIG_ATTR, config_key)
+def planned_attrs(config_key: str) -> dict[str, Any]:
+    """User attributes an enqueued trial is created with (one storage write fewer per trial)."""
+    return {CONFIG_ATTR: config_key}
+
+
+def write_result(
+    trial: optuna.Trial, config_key: str, record: TrialRecord, planned: bool = False
+) -> None:
+    """The measurement; `planned` trials carry their config key since they were enqueued."""
+    if not planned:
+        trial.set_user_attr(CONFIG_ATTR, config_key)
     trial.set_user_attr(RECORD_ATTR, record.to_dict())
 
 

@@ -150,12 +150,14 @@ class Sweep:
         """Measure exactly this configuration unless it is stored already."""
         if config.key in cell.done:
             return False
-        cell.study.enqueue_trial(cell.space.enqueue_params(config))
+        cell.study.enqueue_trial(
+            cell.space.enqueue_params(config), user_attrs=store.planned_attrs(config.key)
+        )
         trial = cell.study.ask()
         # Suggesting records the enqueued values as the trial's params, which TPE learns from.
         if cell.space.suggest(trial) != config:
             raise RuntimeError(f"Optuna did not replay the enqueued configuration {config.key}")
-        self._measure(cell, worker, trial, config)
+        self._measure(cell, worker, trial, config, planned=True)
         return True
 
     def _step_tpe(self, cell: _OpenCell, worker: TrialWorker) -> bool:
@@ -180,7 +182,12 @@ class Sweep:
         return True
 
     def _measure(
-        self, cell: _OpenCell, worker: TrialWorker, trial: optuna.Trial, config: Config
+        self,
+        cell: _OpenCell,
+        worker: TrialWorker,
+        trial: optuna.Trial,
+        config: Config,
+        planned: bool = False,
     ) -> None:
         task = TrialTask(
             cell=cell.cell,
@@ -196,7 +203,7 @@ class Sweep:
             store.write_interrupted(trial)
             cell.study.tell(trial, state=TrialState.FAIL)
             raise
-        store.write_result(trial, config.key, record)
+        store.write_result(trial, config.key, record, planned)
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if value is None:
             cell.study.tell(trial, state=TrialState.FAIL)

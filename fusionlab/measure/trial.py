@@ -234,17 +234,33 @@ def copy_limit(
     return _LIMITS.get(device.type, dtype, nbytes, cold) or known  # type: ignore[return-value]
 
 
+class _Phases:
+    """Wall time per phase of a trial, into the record (what the harness costs, and where)."""
+
+    def __init__(self, record: TrialRecord) -> None:
+        self._record, self._last = record, time.perf_counter()
+
+    def end(self, name: str) -> None:
+        now = time.perf_counter()
+        self._record.phases_s[name] = self._record.phases_s.get(name, 0.0) + now - self._last
+        self._last = now
+
+
 def _measure(task: TrialTask, record: TrialRecord) -> None:
     cell = task.cell
+    phase = _Phases(record)
     m, record.setup_ms, record.first_call_ms, record.accuracy = build_and_gate(
         cell, task.variant, task.params, task.seed
     )
+    phase.end("inputs, build, first call")
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
     record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False, seed=task.seed)
+    phase.end("warm timing")
     cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
     if cold_count > WARM_SETS or m.device.event_device_types:
         record.cold = timed_and_checked(m, cold_count, task.timing, cold=True, seed=task.seed + 1)
+    phase.end("cold timing")
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
     check_follows_new_values(m, task.seed)
     if not m.variant.inplace:
@@ -262,7 +278,9 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
         record.limits[mode] = limit
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
+    phase.end("gate checks, copy limits")
     _profile(task, record, m)
+    phase.end("profiler pass")
 
 
 def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
