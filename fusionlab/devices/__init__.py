@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -65,6 +66,14 @@ class Device:
     def cache_bytes(self) -> int:
         """The size of the last cache level that timing must defeat to be cache-cold."""
         raise NotImplementedError
+
+    def time_one(self, call: Callable[[], object]) -> tuple[object, float]:
+        """One call timed on the device's own clock: its result and milliseconds."""
+        self.synchronize()
+        start = time.perf_counter()
+        result = call()
+        self.synchronize()
+        return result, (time.perf_counter() - start) * 1e3
 
     def flush_cache(self) -> None:
         """Evict the device cache between samples where the device supports it (else no-op)."""

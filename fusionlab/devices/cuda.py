@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -47,6 +48,15 @@ class CudaDevice(Device):
             size = max(_FLUSH_BYTES, 2 * self.cache_bytes())
             self._flush_buffer = torch.empty(size, dtype=torch.int8, device="cuda")
         self._flush_buffer.zero_()
+
+    def time_one(self, call: Callable[[], object]) -> tuple[object, float]:
+        # CUDA events, as triton.testing.do_bench: the host's clock would add launch latency.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = call()
+        end.record()
+        end.synchronize()
+        return result, start.elapsed_time(end)
 
     def toolchain(self) -> dict[str, str]:
         versions = {"cuda": str(torch.version.cuda)}

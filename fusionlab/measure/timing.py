@@ -50,6 +50,7 @@ def time_calls(
     before_kept: Callable[[int], None] | None = None,
     keep_copy: Callable[[object], object] | None = None,
     flush: Callable[[], None] | None = None,
+    time_one: Callable[[Callable[[], object]], tuple[object, float]] | None = None,
     working_set_bytes: int = 0,
     seed: int = 0,
 ) -> TimedLoop:
@@ -59,8 +60,8 @@ def time_calls(
     sample with a kept call. The kept call sits at a seeded random offset in its sample, so a
     kernel cannot tell which calls are checked. With `keep_copy` (variants that write into their
     inputs) the kept call is its sample's first, its output is copied once the sample ends, and
-    the rest of that sample leaves its input set alone. With `flush`, every sample is one call
-    after a flush.
+    the rest of that sample leaves its input set alone. With `flush` (and the device's `time_one`
+    clock), every sample is one call after a flush, as triton.testing.do_bench times.
     """
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
@@ -77,8 +78,14 @@ def time_calls(
         kept_set = (position + at) % sets
         if keep and before_kept is not None:
             before_kept(kept_set)
-        if flush is not None:
+        if flush is not None and time_one is not None:
             flush()
+            out, elapsed_ms = time_one(lambda index=kept_set: call(index))
+            samples_ms.append(elapsed_ms)
+            if keep:
+                kept.append((kept_set, keep_copy(out) if keep_copy else out))
+            position += 1
+            continue
         synchronize()
         start = time.perf_counter()
         if keep:

@@ -169,6 +169,7 @@ def timed_and_checked(
         before_kept=remember if inplace else None,
         keep_copy=_copy_outputs if inplace else None,
         flush=m.device.flush_cache if cold and m.device.event_device_types else None,
+        time_one=m.device.time_one,
         working_set_bytes=count * m.sets.bytes_per_set,
         seed=seed,
     )

@@ -1,0 +1,54 @@
+"""One decision for tables, exports and the Dispatcher: the stored verdict, --calls, in place."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import cpu_cell
+
+from fusionlab.records import Status, Timing, TrialRecord
+from fusionlab.report.tables import best_row
+from fusionlab.report.winners import break_even, cell_winner
+from fusionlab.search.results_store import CellResult
+
+
+def _record(variant: str, latency_ms: float, first_use_ms: float, op: str = "rmsnorm"):
+    timing = Timing(latency_ms, latency_ms * 0.99, latency_ms * 1.01, latency_ms * 0.98, 0.01,
+                    1, [latency_ms] * 10)
+    return TrialRecord(cpu_cell(op, (4, 64)), variant, {}, Status.PASSED, setup_ms=0.0,
+                       first_call_ms=first_use_ms, timing=timing, cold=timing,
+                       bytes_moved=4 * 64 * 8)
+
+
+def test_calls_weigh_first_use_against_latency() -> None:
+    cell = CellResult(cpu_cell("rmsnorm", (4, 64)),
+                      [_record("compiled", 0.010, 2000.0), _record("naive", 0.030, 0.5)])
+    assert cell_winner(cell).record.variant == "compiled"
+    assert cell_winner(cell, calls=1000).record.variant == "naive"
+    assert cell_winner(cell, calls=1_000_000).record.variant == "compiled"
+    compiled, naive = cell.records
+    assert break_even(compiled, naive, cell, "cold") == pytest.approx((2000.0 - 0.5) / 0.020)
+    row = best_row(cell, calls=1000)
+    assert row["fastest"] == "naive" and row["decision"] == "by cost"
+
+
+def test_stored_verdict_decides_over_the_raw_fastest() -> None:
+    cell = CellResult(cpu_cell("rmsnorm", (4, 64)),
+                      [_record("compiled", 0.0100, 900.0), _record("builtin", 0.0101, 0.2)])
+    cell.verdicts["cold"] = {"winner": "builtin", "runner_up": "compiled", "ratio": 1.01,
+                             "ci_low": 0.99, "ci_high": 1.03, "tie": True,
+                             "reason": "tie with compiled: builtin preferred"}
+    assert cell_winner(cell).record.variant == "builtin"
+    row = best_row(cell)
+    assert row["fastest"] == "builtin" and row["decision"] == "tie"
+    assert row["ratio"] == "1.01x [0.99, 1.03]"
+
+
+def test_in_place_winner_is_kept_from_callers_that_keep_their_inputs() -> None:
+    cell = CellResult(cpu_cell("add_rmsnorm", (4, 64)),
+                      [_record("builtin-inplace", 0.01, 0.1, "add_rmsnorm"),
+                       _record("builtin", 0.02, 0.1, "add_rmsnorm")])
+    assert cell_winner(cell).record.variant == "builtin-inplace"
+    assert cell_winner(cell, allow_inplace=False).record.variant == "builtin"
+    row = best_row(cell)
+    assert row["fastest"] == "builtin-inplace (in place)" and row["inplace"]
+    assert row["out_of_place"] == {"variant": "builtin", "params": {}}
