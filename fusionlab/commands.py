@@ -9,7 +9,7 @@ import torch
 from tabulate import tabulate
 
 from fusionlab import plan as planning
-from fusionlab.devices import device_types, unavailable_reason
+from fusionlab.devices import device_types, get_device, unavailable_reason
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, investigate
@@ -185,6 +185,10 @@ def list_command(args: argparse.Namespace) -> int:
             maxcolwidths=[None, None, None, 40, 40, 60],
         )
     )
+    for name in device_types():
+        note = get_device(name).cold_sweep_note
+        if note:
+            print(f"cold sweep on {name}: {note}")
     return 0
 
 

@@ -31,6 +31,8 @@ class Device:
     compile_backend: ClassVar[str] = "inductor"
     # The tool that opens the device profile written to a trace dir ("" when there is none).
     profile_viewer: ClassVar[str] = ""
+    # What a cold sweep costs here beyond measuring (shown by `fusionlab list`).
+    cold_sweep_note: ClassVar[str] = ""
     # A first compile of a new shape can take minutes on some backends.
     default_timeout_s: ClassVar[float] = 300.0
 

@@ -53,6 +53,10 @@ class CpuDevice(Device):
 
     type = "cpu"
     auto_priority = 0
+    cold_sweep_note = (
+        "the first sweep builds the C++ kernels (about 15 s each, cached in "
+        "~/.cache/fusionlab) and compiles with inductor (cached in /tmp/torchinductor_$USER)"
+    )
 
     def hardware_name(self) -> str:
         return f"{_cpu_model()} ({torch.get_num_threads()} threads)"

@@ -28,6 +28,15 @@ class NeuronDevice(Device):
     event_device_types: ClassVar[tuple[DeviceType, ...]] = (DeviceType.PrivateUse1,)
     compile_backend = "neuron"
     profile_viewer = "neuron-explorer view -d DIR"
+    cold_sweep_note = (
+        "every new (variant, shape, dtype) is compiled by neuronx-cc first: tens of seconds to "
+        "minutes each on a cold cache, so a cold default sweep (4 shapes x 2 dtypes x ~8 "
+        "configurations) can take an hour or more; the per-trial timeout is "
+        f"{neuron_profile.COLD_COMPILE_TIMEOUT_S:.0f} s and first-use costs are reported apart; "
+        "compiled NEFFs persist in the Neuron compile caches "
+        "(NEURON_COMPILE_CACHE_URL, TORCH_NEURONX_NEFF_CACHE_DIR, NKI_COMPILE_CACHE_URL), "
+        "so a second sweep pays only the measurements"
+    )
     # neuronx-cc compiles every new shape; a cold compile can take minutes.
     default_timeout_s = neuron_profile.COLD_COMPILE_TIMEOUT_S
 
