@@ -24,8 +24,9 @@ Protocol (PostgreSQL through Optuna's RDBStorage, or a journal file through Jour
   log orders them, the loser's replay raises it) re-enqueues the configuration (`retry_of`), like
   `optuna.storages.RetryFailedTrialCallback` but exactly once. Clocks of the hosts must agree
   (NTP) to well under the lease. A taken-over worker that is in fact alive loses its `finish`.
-* TPE cells: `propose` asks a fresh trial (use `TPESampler(constant_liar=True)`, Optuna 5.1's
-  default, so RUNNING claims steer other workers away), turns the suggestion into an enqueued
+* TPE cells: `propose` samples on a fresh trial (not `study.ask()`, which would pop a WAITING
+  configuration; use `TPESampler(constant_liar=True)`, Optuna 5.1's default, so RUNNING claims
+  steer other workers away), turns the suggestion into an enqueued
   configuration unless it is live already, and ends the proposal trial FAIL without a `config`
   attr (TPE ignores FAIL trials). The twin rule above then dedupes concurrent proposals.
 
@@ -312,7 +313,9 @@ def propose(
     `suggest` draws on the trial (define-by-run) and returns (key, Optuna params). Returns the
     key when it was enqueued, None for a duplicate; claim it with `claim_next`.
     """
-    trial = study.ask()
+    # Not study.ask(): it would pop a WAITING configuration (someone's claim) as the proposal.
+    study._thread_local.cached_all_trials = None  # as ask() does: the sampler reads fresh trials
+    trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id))
     key, params = suggest(trial)
     fresh = key not in _live_keys(study)
     if fresh:
@@ -365,14 +368,14 @@ def work_cell(
     while True:
         claim = claim_next(study, worker, lease)
         if claim is None:
+            if _anything_running(study):  # wait: a holder may die and leave its claim to us
+                time.sleep(lease.renew_s)
+                continue
             # A taker-over that died between its PRUNED and its enqueue left a configuration
             # with no live trial: planning again brings it back.
             if plan_cell(study, configs):
                 continue
-            if not _anything_running(study):
-                return measured
-            time.sleep(lease.renew_s)
-            continue
+            return measured
         with claim:
             value, attrs = measure(claim)
             if claim.finish(value, attrs):
