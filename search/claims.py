@@ -53,7 +53,7 @@ import optuna
 import sqlalchemy
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages import BaseStorage, RDBStorage
-from optuna.storages._cached_storage import _CachedStorage
+from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 
@@ -300,7 +300,23 @@ def claim_next(
                 return claim
 
 
+def _adopt(study: optuna.Study, trial_id: int) -> None:
+    """Tell the Study's _CachedStorage about a trial it never read: its `set_trial_param` (a
+    suggest replaying the enqueued params) looks the trial up there. Study.ask() gets this from
+    `_pop_waiting_trial_id` reading every WAITING trial through the cache, which is what this
+    module avoids."""
+    storage = study._storage
+    if not isinstance(storage, _CachedStorage):
+        return
+    frozen = storage._backend.get_trial(trial_id)
+    with storage._lock:
+        info = storage._studies.setdefault(study._study_id, _StudyInfo())
+        storage._add_trials_to_cache(study._study_id, [frozen])
+        info.unfinished_trial_ids.add(trial_id)  # so the cache re-reads it once it ends
+
+
 def _resolve_twins(study: optuna.Study, trial_id: int, worker: str, lease: Lease) -> Claim | None:
+    _adopt(study, trial_id)
     trial = optuna.Trial(study, trial_id)
     key = _key_of(trial._cached_frozen_trial)
     assert key is not None, f"trial {trial.number} was enqueued without a {CONFIG!r} attr"
