@@ -182,15 +182,6 @@ class Claim:
         self._thread = threading.Thread(target=self._keep_alive, daemon=True)
         self._thread.start()
 
-    @property
-    def number(self) -> int:
-        return self.trial.number
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """The enqueued Optuna params (replayed by `trial.suggest_*`)."""
-        return dict(self.trial._fixed_params)
-
     def _renew(self) -> None:
         self.trial.set_user_attr(LEASE, time.time() + self._lease.seconds)
 
