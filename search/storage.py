@@ -1,5 +1,12 @@
 """Optuna storage chosen by URL: `sqlite:///file.db` (the default), any SQLAlchemy URL Optuna
-accepts (e.g. `postgresql://...`), or `journal:PATH` for a journal file shared by workers."""
+accepts (e.g. `postgresql+psycopg://user@host/db`), or `journal:PATH` for a journal file shared by
+workers.
+
+Several processes opening a fresh PostgreSQL at once race on creating Optuna's tables (RDBStorage
+runs `metadata.create_all` and an alembic stamp in its constructor, not atomically: two creators
+get `UniqueViolation`), so the constructor runs under a PostgreSQL advisory lock: one creates, the
+others wait and then find the tables. Unreachable servers and wrong URLs are one-line UserErrors.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +14,34 @@ import os
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.storages import BaseStorage
+from sqlalchemy.pool import NullPool
 
 from fusionlab.errors import UserError
 
 DEFAULT_STORAGE = "sqlite:///fusionlab.db"
+
+# Any constant shared by every fusionlab process; it names the advisory lock around table creation.
+_CREATE_LOCK = 0x6675_7369_6F6E  # "fusion"
+_CONNECT_TIMEOUT_S = 10
 
 
 def describe(url: str) -> str:
     """One line for the user saying where results go."""
     default = " (default: an SQLite file in the working directory; change with --storage)"
     return f"storage: {url}{default if url == DEFAULT_STORAGE else ''}"
+
+
+def is_parallel_safe(url: str) -> str | None:
+    """Why this storage cannot serve several workers at once, or None when it can."""
+    if url.startswith("sqlite:"):
+        return (
+            f"storage {url!r} is SQLite, which cannot serve parallel workers (Optuna discourages "
+            "it: writers lock the whole file); use --storage journal:PATH or a "
+            "postgresql+psycopg://USER@HOST:PORT/DB URL"
+        )
+    return None
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -31,6 +55,10 @@ def _journal_path(url: str) -> Path | None:
     return Path(url[len("journal:") :]) if url.startswith("journal:") else None
 
 
+def _is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql:", "postgresql+", "postgres:"))
+
+
 def _check_file(path: Path, must_exist: bool, url: str) -> None:
     if must_exist and not path.exists():
         raise UserError(f"no results at {url}: run `fusionlab sweep` first or pass --storage")
@@ -39,6 +67,59 @@ def _check_file(path: Path, must_exist: bool, url: str) -> None:
         raise UserError(f"storage {url!r} is unreachable: folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK):
         raise UserError(f"storage {url!r} is unreachable: folder {str(folder)!r} is not writable")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(getattr(error, "orig", None) or error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+def _postgres_error(url: str, error: BaseException) -> UserError:
+    """One line naming what to fix for a PostgreSQL URL that does not open."""
+    safe = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    text = str(getattr(error, "orig", None) or error)
+    fixes = {
+        "Connection refused": "no server listens there: start it or fix host:port",
+        "failed to resolve host": "the host name does not resolve: fix the host",
+        "timeout expired": "no answer from the server: check host:port and the network",
+        "password authentication failed": "wrong password for that user: fix the URL",
+        "role": "that user does not exist on the server: fix the user in the URL",
+        "database": "that database does not exist: create it (createdb) or fix the URL",
+        "no password supplied": "the server wants a password: put it in the URL",
+    }
+    for needle, fix in fixes.items():
+        if needle in text and (needle not in ("role", "database") or "does not exist" in text):
+            return UserError(f"storage {safe!r} is unreachable ({fix}): {_first_line(error)}")
+    return UserError(f"storage {safe!r} is unreachable ({_first_line(error)}); check --storage")
+
+
+def _missing_driver(url: str, module: str | None) -> UserError:
+    if _is_postgres(url):
+        hint = (
+            "pip install 'fusionlab[postgres]' and use a postgresql+psycopg:// URL"
+            if module != "psycopg2"
+            else "use a postgresql+psycopg:// URL with pip install 'fusionlab[postgres]', "
+            "or pip install psycopg2-binary"
+        )
+        return UserError(f"storage {url!r} needs the PostgreSQL driver {module!r}: {hint}")
+    return UserError(f"storage {url!r} needs the Python package {module!r}: pip install it")
+
+
+def _open_postgres(url: str) -> BaseStorage:
+    """RDBStorage built under an advisory lock, so concurrent first opens do not race."""
+    probe = sqlalchemy.create_engine(
+        url, poolclass=NullPool, connect_args={"connect_timeout": _CONNECT_TIMEOUT_S}
+    )
+    try:
+        with probe.connect() as connection:
+            lock = {"key": _CREATE_LOCK}
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), lock)
+            try:
+                return optuna.storages.RDBStorage(url)
+            finally:
+                connection.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), lock)
+    finally:
+        probe.dispose()
 
 
 def open_storage(url: str, must_exist: bool = False) -> BaseStorage:
@@ -52,15 +133,16 @@ def open_storage(url: str, must_exist: bool = False) -> BaseStorage:
             from optuna.storages.journal import JournalFileBackend
 
             return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
+        if _is_postgres(url):
+            return _open_postgres(url)
         return optuna.storages.RDBStorage(url)
-    except ModuleNotFoundError as error:
-        raise UserError(
-            f"storage {url!r} needs the Python package {error.name!r}: pip install it"
-        ) from None
+    except ImportError as error:
+        # Optuna re-raises a missing driver as a bare ImportError; the module is on its cause.
+        module = error.name or getattr(error.__cause__, "name", None)
+        raise _missing_driver(url, module) from None
     except Exception as error:
-        first_line = (
-            str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        )
+        if _is_postgres(url):
+            raise _postgres_error(url, error) from None
         raise UserError(
-            f"storage {url!r} is unreachable ({first_line[:200]}); check --storage"
+            f"storage {url!r} is unreachable ({_first_line(error)}); check --storage"
         ) from None
