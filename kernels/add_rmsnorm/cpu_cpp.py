@@ -52,7 +52,7 @@ def add_rms_norm_cpp(
 def add_rms_norm_cpp_(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int
 ) -> Pair:
-    """In place: residual <- x + residual, x <- rmsnorm(residual) * weight; returns (x, residual)."""
+    """In place: residual <- x + residual, x <- rmsnorm(residual) * weight; returns both."""
     if _op_ is None:
         load_extension()
     return _op_(x, residual, weight, eps, rows_per_task)

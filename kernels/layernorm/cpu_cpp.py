@@ -38,7 +38,7 @@ def load_extension() -> float:
 def layer_norm_cpp(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int
 ) -> torch.Tensor:
-    """LayerNorm of x over its last dim with weight and bias; rows_per_task is the parallel grain."""
+    """LayerNorm of x over its last dim, with weight and bias; rows_per_task is the grain."""
     if _op is None:
         load_extension()
     return _op(x, weight, bias, eps, rows_per_task)
