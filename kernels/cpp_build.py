@@ -30,7 +30,7 @@ _ISA_FLAGS = {
     "AVX2": ["-mavx2", "-mfma", "-mf16c"],
 }
 _STAMP = "built.ok"  # written after a build and load succeeded: a half-built dir has none
-_LOCK = "build.flock"  # not "lock": cpp_extension's FileBaton owns that name
+LOCK_FILE = "build.flock"  # in each build dir; not "lock": cpp_extension's FileBaton owns that
 _lock = threading.Lock()
 _loaded: dict[str, Path] = {}  # extension name -> loaded library, for this process
 
@@ -100,7 +100,7 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> fl
         folder = build_dir(name, sources, headers)
         library = folder / f"{folder.name}.so"
         folder.mkdir(parents=True, exist_ok=True)
-        with open(folder / _LOCK, "w") as lock_file:
+        with open(folder / LOCK_FILE, "w") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)  # blocks while another process builds
             if (folder / _STAMP).exists():
                 torch.ops.load_library(str(library))
@@ -118,7 +118,7 @@ def _build(folder: Path, sources: Sequence[Path], headers: Sequence[Path]) -> No
     # No stamp: whatever is here is from a build that died part way (a truncated .so would look
     # up to date to ninja), so start clean. The lock file stays: it is what we hold.
     for entry in folder.iterdir():
-        if entry.name != _LOCK:
+        if entry.name != LOCK_FILE:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     cflags, ldflags = build_flags()
     cpp_extension.load(
