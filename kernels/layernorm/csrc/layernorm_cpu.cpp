@@ -17,7 +17,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cmath>
 
 namespace {
@@ -67,23 +66,24 @@ Moments row_moments(const T* x, int64_t n) {
   }
   Moments total;
   if (steps > 0) {
-    // Every lane of every chain saw `steps` values: the equal-count merge needs no division.
-    constexpr int64_t kParts = 4 * kLanes;
-    std::array<float, kParts> part_mean, part_m2;
-    for (int chain = 0; chain < 4; ++chain) {
-      mean[chain].store(part_mean.data() + chain * kLanes);
-      m2[chain].store(part_m2.data() + chain * kLanes);
+    // Every lane of every chain saw `steps` values, so the merges are equal-count ones: the mean
+    // of the means, and M2 = sum of M2s + steps * sum of squared deviations of the means. Both
+    // sum non-negative terms (no cancellation), so fp32 vectors suffice and no division is needed.
+    const auto add = [](const fVec& u, const fVec& v) { return u + v; };
+    const fVec lane_mean = ((mean[0] + mean[1]) + (mean[2] + mean[3])) * fVec(0.25f);
+    fVec lane_m2 = (m2[0] + m2[1]) + (m2[2] + m2[3]);
+    fVec spread(0.f);
+    for (const fVec& m : mean) {
+      spread = at::vec::fmadd(m - lane_mean, m - lane_mean, spread);
     }
-    double mean_sum = 0.0;
-    for (const float m : part_mean) {
-      mean_sum += m;
-    }
-    total.count = static_cast<double>(steps * kParts);
-    total.mean = mean_sum / kParts;
-    for (int64_t p = 0; p < kParts; ++p) {
-      const double d = part_mean[p] - total.mean;
-      total.m2 += part_m2[p] + static_cast<double>(steps) * d * d;
-    }
+    lane_m2 = at::vec::fmadd(spread, fVec(static_cast<float>(steps)), lane_m2);
+    const float row_mean = at::vec::vec_reduce_all<float>(add, lane_mean) / kLanes;
+    const fVec deviation = lane_mean - fVec(row_mean);
+    const float lanes_spread = at::vec::vec_reduce_all<float>(add, deviation * deviation);
+    total.count = static_cast<double>(steps * 4 * kLanes);
+    total.mean = row_mean;
+    total.m2 = static_cast<double>(at::vec::vec_reduce_all<float>(add, lane_m2)) +
+               4.0 * static_cast<double>(steps) * lanes_spread;
   }
   // The tail (under 2 * kBlock elements): exact two-pass moments in fp64, then one merge.
   if (i < n) {
