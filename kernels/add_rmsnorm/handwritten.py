@@ -6,9 +6,38 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.add_rmsnorm import nki_kernel, triton_kernel
+from fusionlab.kernels.add_rmsnorm import cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
 from fusionlab.registry import Kernel, register_variant
+
+
+@register_variant(
+    ADD_RMSNORM.name,
+    "cpp",
+    devices=("cpu",),
+    tunables=cpu_cpp.TUNABLES,
+    available=lambda device_type: cpu_cpp.unavailable_reason(),
+    check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+)
+def cpp(device_type: str, **params: Any) -> Kernel:
+    """C++ kernel (torch.utils.cpp_extension): fp32 sum of squares, then both results written."""
+    cpu_cpp.load_extension()
+    return functools.partial(cpu_cpp.add_rms_norm_cpp, **params)
+
+
+@register_variant(
+    ADD_RMSNORM.name,
+    "cpp-inplace",
+    devices=("cpu",),
+    tunables=cpu_cpp.TUNABLES,
+    available=lambda device_type: cpu_cpp.unavailable_reason(),
+    check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+    inplace={"y": "x", "residual_out": "residual"},
+)
+def cpp_inplace(device_type: str, **params: Any) -> Kernel:
+    """The C++ kernel in place (vLLM's contract): residual <- x + residual, x <- the norm."""
+    cpu_cpp.load_extension()
+    return functools.partial(cpu_cpp.add_rms_norm_cpp_, **params)
 
 
 @register_variant(

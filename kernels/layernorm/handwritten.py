@@ -6,9 +6,23 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.layernorm import nki_kernel, triton_kernel
+from fusionlab.kernels.layernorm import cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
 from fusionlab.registry import Kernel, register_variant
+
+
+@register_variant(
+    LAYERNORM.name,
+    "cpp",
+    devices=("cpu",),
+    tunables=cpu_cpp.TUNABLES,
+    available=lambda device_type: cpu_cpp.unavailable_reason(),
+    check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+)
+def cpp(device_type: str, **params: Any) -> Kernel:
+    """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write."""
+    cpu_cpp.load_extension()
+    return functools.partial(cpu_cpp.layer_norm_cpp, **params)
 
 
 @register_variant(

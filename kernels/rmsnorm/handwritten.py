@@ -15,8 +15,9 @@ from fusionlab.registry import Kernel, register_variant
     RMSNORM.name,
     "cpp",
     devices=("cpu",),
-    tunables={"rows_per_task": cpu_cpp.ROWS_PER_TASK_CHOICES},
+    tunables=cpu_cpp.TUNABLES,
     available=lambda device_type: cpu_cpp.unavailable_reason(),
+    check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
 )
 def cpp(device_type: str, **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): two vectorised passes per row, parallel over rows."""

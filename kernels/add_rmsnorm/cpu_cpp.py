@@ -1,0 +1,58 @@
+"""Hand-written C++ residual add + RMSNorm for CPU: `fusionlab::add_rms_norm_cpu` (out of place)
+and `fusionlab::add_rms_norm_cpu_` (in place, vLLM's contract), each reading x and residual once;
+JIT-built and cached by kernels/cpp_build.py. The semantics follow vLLM's fused_add_rms_norm
+(vllm-project/vllm csrc/layernorm_kernels.cu): variance of the fp32 sum, residual stored rounded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fusionlab.kernels import cpp_build
+
+TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
+
+_SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_cpu.cpp",)
+_HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+Pair = tuple[torch.Tensor, torch.Tensor]
+_op: Callable[..., Pair] | None = None
+_op_: Callable[..., Pair] | None = None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot be built on this machine, or None; checks the tools, never builds."""
+    return cpp_build.unavailable_reason()
+
+
+def param_error(shape: tuple[int, ...], rows_per_task: int) -> str | None:
+    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain)."""
+    return None if rows_per_task >= 1 else f"rows_per_task must be >= 1, got {rows_per_task}"
+
+
+def load_extension() -> float:
+    """Build (first time per cache) or load both operators, once per process; seconds spent."""
+    global _op, _op_
+    seconds = cpp_build.load("add_rmsnorm_cpu", _SOURCES, _HEADERS)
+    _op = torch.ops.fusionlab.add_rms_norm_cpu.default
+    _op_ = torch.ops.fusionlab.add_rms_norm_cpu_.default
+    return seconds
+
+
+def add_rms_norm_cpp(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int
+) -> Pair:
+    """(rmsnorm(x + residual) * weight, x + residual) as new tensors; inputs are left alone."""
+    if _op is None:
+        load_extension()
+    return _op(x, residual, weight, eps, rows_per_task)
+
+
+def add_rms_norm_cpp_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int
+) -> Pair:
+    """In place: residual <- x + residual, x <- rmsnorm(residual) * weight; returns both."""
+    if _op_ is None:
+        load_extension()
+    return _op_(x, residual, weight, eps, rows_per_task)

@@ -1,0 +1,213 @@
+// Residual add fused with RMSNorm for CPU: s = x + residual (in fp32), residual_out = s stored
+// in x's dtype, out = s * rsqrt(mean(s^2) + eps) * weight.
+// Two passes per row. Pass 1 reads x and residual (the only DRAM read) and accumulates sum(s^2)
+// in fp32. Pass 2 re-reads both from L1/L2, forms s again (bit-identical), and writes
+// residual_out and out: out is thus computed from the fp32 sum, as vLLM's fused_add_rms_norm
+// computes its variance, and neither output has to be re-read, so both can be written with
+// non-temporal stores when they are big (writing residual_out in pass 1 instead would keep it
+// out of streaming, since pass 2 would then have to read it back).
+// The in-place flavour (vLLM's contract) writes out into x and s into residual: each block is
+// read before it is written, so the same two passes are safe in place.
+// Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
+
+#include "cpu_norm_common.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+
+namespace {
+
+using namespace fusionlab_cpu;
+
+struct Rows {
+  int64_t rows, hidden;
+  int64_t x_stride, r_stride, out_stride, res_stride;
+};
+
+template <bool kStream, typename T>
+void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, const float* w,
+                      T* out, T* res, int64_t n, float eps) {
+  // Four independent accumulators keep several FMAs in flight instead of one dependent chain.
+  fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
+  int64_t i = 0;
+  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
+    fVec a, b, c, d, ra, rb, rc, rd;
+    load_block(x + i, a, b);
+    load_block(x + i + kBlock, c, d);
+    load_block(r + i, ra, rb);
+    load_block(r + i + kBlock, rc, rd);
+    a = a + ra, b = b + rb, c = c + rc, d = d + rd;
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+    acc2 = at::vec::fmadd(c, c, acc2);
+    acc3 = at::vec::fmadd(d, d, acc3);
+  }
+  if (i + kBlock <= n) {
+    fVec a, b, ra, rb;
+    load_block(x + i, a, b);
+    load_block(r + i, ra, rb);
+    a = a + ra, b = b + rb;
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+    i += kBlock;
+  }
+  float sum_sq = at::vec::vec_reduce_all<float>(
+      [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) {
+    const float s = static_cast<float>(x[i]) + static_cast<float>(r[i]);
+    sum_sq += s * s;
+  }
+
+  const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  const fVec vinv(inv_rms);
+  i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    prefetch_block(x_next + i);
+    prefetch_block(r_next + i);
+    fVec xa, xb, ra, rb;
+    load_block(x + i, xa, xb);
+    load_block(r + i, ra, rb);
+    const fVec sa = xa + ra, sb = xb + rb;
+    store_block<kStream>(res + i, sa, sb);
+    store_block<kStream>(out + i, sa * vinv * fVec::loadu(w + i),
+                         sb * vinv * fVec::loadu(w + i + fVec::size()));
+  }
+  for (; i < n; ++i) {
+    const float s = static_cast<float>(x[i]) + static_cast<float>(r[i]);
+    res[i] = static_cast<T>(s);
+    out[i] = static_cast<T>(s * inv_rms * w[i]);
+  }
+}
+
+// rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
+// threads (none for rows <= rows_per_task).
+template <bool kStream, typename T>
+void add_rms_norm_rows(const T* x, const T* r, const float* w, T* out, T* res, const Rows& g,
+                       float eps, int64_t rows_per_task) {
+  at::parallel_for(0, g.rows, rows_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* x_row = x + row * g.x_stride;
+      const T* r_row = r + row * g.r_stride;
+      const bool last = row + 1 >= end;
+      add_rms_norm_row<kStream>(x_row, r_row, last ? x_row : x_row + g.x_stride,
+                                last ? r_row : r_row + g.r_stride, w, out + row * g.out_stride,
+                                res + row * g.res_stride, g.hidden, eps);
+    }
+    if constexpr (kStream) {
+      stream_fence();
+    }
+  });
+}
+
+void check_arguments(const char* op, const at::Tensor& x, const at::Tensor& residual,
+                     const at::Tensor& weight, double eps, int64_t rows_per_task) {
+  TORCH_CHECK(x.device().is_cpu() && residual.device().is_cpu() && weight.device().is_cpu(),
+              op, ": x, residual and weight must be CPU tensors, got ", x.device(), ", ",
+              residual.device(), " and ", weight.device());
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dim");
+  TORCH_CHECK(residual.sizes() == x.sizes(), op, ": residual must have x's shape ", x.sizes(),
+              ", got ", residual.sizes());
+  const int64_t hidden = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, op,
+              ": weight must be 1-D of size ", hidden, " (x.size(-1)), got shape ",
+              weight.sizes());
+  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()),
+              op, ": dtypes must be float32, bfloat16 or float16, got x ", x.scalar_type(),
+              " and weight ", weight.scalar_type());
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), op,
+              ": residual must have x's dtype ", x.scalar_type(), ", got ",
+              residual.scalar_type());
+  TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
+  TORCH_CHECK(rows_per_task >= 1, op, ": rows_per_task must be >= 1, got ", rows_per_task);
+}
+
+// Runs the kernel from x and residual (rows at uniform strides) into out and res.
+void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, at::Tensor& out,
+         at::Tensor& res, const Rows& g, double eps, int64_t rows_per_task, bool may_stream) {
+  const at::Tensor w_in = weight.contiguous();
+  std::vector<float> w_widened;
+  const float* w = widen_to_float(w_in, w_widened);
+  const float eps_f = static_cast<float>(eps);
+  AT_DISPATCH_V2(x.scalar_type(), "add_rms_norm_cpu", AT_WRAP([&] {
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
+    const int64_t size = sizeof(scalar_t);
+    const bool stream = may_stream && should_stream(out_ptr, g.hidden, size, out.nbytes()) &&
+                        should_stream(res_ptr, g.hidden, size, res.nbytes());
+    (stream ? add_rms_norm_rows<true, scalar_t> : add_rms_norm_rows<false, scalar_t>)(
+        x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w, out_ptr, res_ptr,
+        g, eps_f, rows_per_task);
+  }), at::kFloat, at::kBFloat16, at::kHalf);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
+                                                    const at::Tensor& residual,
+                                                    const at::Tensor& weight, double eps,
+                                                    int64_t rows_per_task) {
+  check_arguments("fusionlab::add_rms_norm_cpu", x, residual, weight, eps, rows_per_task);
+  // Allocated without the dispatcher so a profiled call is a single op record.
+  at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  if (x.numel() == 0) {
+    return {out, res};
+  }
+  const int64_t hidden = x.size(-1);
+  const std::optional<int64_t> x_stride = uniform_row_stride(x);
+  const std::optional<int64_t> r_stride = uniform_row_stride(residual);
+  const at::Tensor x_src = x_stride ? x : x.contiguous();
+  const at::Tensor r_src = r_stride ? residual : residual.contiguous();
+  const Rows g{x.numel() / hidden, hidden, x_stride.value_or(hidden), r_stride.value_or(hidden),
+               hidden, hidden};
+  run(x_src, r_src, weight, out, res, g, eps, rows_per_task, /*may_stream=*/true);
+  return {out, res};
+}
+
+// vLLM's fused_add_rms_norm contract: residual <- x + residual, x <- rmsnorm(new residual).
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu_(const at::Tensor& x,
+                                                     const at::Tensor& residual,
+                                                     const at::Tensor& weight, double eps,
+                                                     int64_t rows_per_task) {
+  const char* op = "fusionlab::add_rms_norm_cpu_";
+  check_arguments(op, x, residual, weight, eps, rows_per_task);
+  at::assert_no_internal_overlap(x);
+  at::assert_no_internal_overlap(residual);
+  at::assert_no_overlap(x, residual);
+  if (x.numel() == 0) {
+    return {x, residual};
+  }
+  const int64_t hidden = x.size(-1);
+  const std::optional<int64_t> x_stride = uniform_row_stride(x);
+  const std::optional<int64_t> r_stride = uniform_row_stride(residual);
+  if (x_stride && r_stride) {
+    const Rows g{x.numel() / hidden, hidden, *x_stride, *r_stride, *x_stride, *r_stride};
+    at::Tensor out = x, res = residual;
+    // Plain stores: pass 1 has just pulled every line being written into the cache.
+    run(x, residual, weight, out, res, g, eps, rows_per_task, /*may_stream=*/false);
+  } else {
+    // Rows that no single stride reaches: compute out of place, then copy into the inputs.
+    auto [out, res] = add_rms_norm_cpu(x, residual, weight, eps, rows_per_task);
+    x.copy_(out);
+    residual.copy_(res);
+  }
+  return {x, residual};
+}
+
+}  // namespace
+
+// FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
+TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
+  m.def("add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, float eps, "
+        "int rows_per_task) -> (Tensor, Tensor)");
+  m.def("add_rms_norm_cpu_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, "
+        "int rows_per_task) -> (Tensor(a!), Tensor(b!))");
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
+  m.impl("add_rms_norm_cpu", &add_rms_norm_cpu);
+  m.impl("add_rms_norm_cpu_", &add_rms_norm_cpu_);
+}

@@ -1,0 +1,132 @@
+"""JIT build (or load) of fusionlab's C++ torch-op extensions, shared by every CPU kernel.
+
+Each extension is cached under `$FUSIONLAB_CACHE_DIR` (default ~/.cache/fusionlab)/cpp/<name>-<hash>
+(hash of sources, headers, torch, Python and flags). An fcntl.flock on a lock file in that build
+dir serialises processes: the first builds, the others wait and then only load. flock, unlike
+torch's own FileBaton (torch/utils/file_baton.py, a lock *file* that a killed builder leaves behind
+for ever), is released by the kernel when its holder dies. Every real compile appends
+"<name>\\t<pid>\\t<seconds>" to builds.log in the cache dir, so callers can count compiles.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.utils import cpp_extension
+
+# Build for the ISA that ATen itself dispatches to on this CPU (never -march=native): at::vec is
+# then real SIMD, and the binary runs on any machine with that ISA. Flags are in the cache key.
+_ISA_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
+}
+_STAMP = "built.ok"  # written after a build and load succeeded: a half-built dir has none
+LOCK_FILE = "build.flock"  # in each build dir; not "lock": cpp_extension's FileBaton owns that
+_lock = threading.Lock()
+_loaded: dict[str, Path] = {}  # extension name -> loaded library, for this process
+
+
+def cache_dir() -> Path:
+    """Root of fusionlab's per-user build cache."""
+    return Path(os.environ.get("FUSIONLAB_CACHE_DIR") or Path.home() / ".cache" / "fusionlab")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split()}
+
+
+def build_flags() -> tuple[list[str], list[str]]:
+    """(compiler flags, linker flags) for this CPU and this torch build."""
+    cflags, ldflags = ["-O3"], []
+    if torch.backends.openmp.is_available():
+        # Without -fopenmp, ATen's header-only parallel_for silently runs serially. The link
+        # resolves to the libgomp torch already loaded (same soname): one OpenMP runtime.
+        cflags.append("-fopenmp")
+        ldflags.append("-fopenmp")
+    isa = torch.backends.cpu.get_cpu_capability()
+    if isa in _ISA_FLAGS:
+        cflags += [*_ISA_FLAGS[isa], f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
+    if isa == "AVX512" and "avx512_bf16" in _cpu_flags():
+        cflags.append("-mavx512bf16")
+    return cflags, ldflags
+
+
+def unavailable_reason() -> str | None:
+    """Why no extension can be built on this machine, or None; checks the tools, never builds."""
+    compiler = cpp_extension.get_cxx_compiler()
+    if shutil.which((compiler.split() or [""])[0]) is None:
+        return f"no C++ compiler: {compiler!r} is not on PATH (install g++ or set CXX)"
+    if not cpp_extension.is_ninja_available():
+        return "ninja is not installed; torch.utils.cpp_extension needs it (pip install ninja)"
+    return None
+
+
+def build_dir(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> Path:
+    """The cache folder of this exact build (content, toolchain and flags in its name)."""
+    cflags, ldflags = build_flags()
+    # The .so links libtorch and libtorch_python: torch and Python versions go in the key.
+    python = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    texts = [p.read_text() for p in (*sources, *headers)]
+    key = chr(0).join([*texts, torch.__version__, python, *cflags, "|", *ldflags])
+    return cache_dir() / "cpp" / f"{name}_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> float:
+    """Build (first time per cache) or load the extension `name`, once per process.
+
+    `headers` are hashed into the key and their folders put on the include path. Returns the
+    seconds this call spent, 0.0 when the extension was already loaded in this process.
+    """
+    with _lock:
+        if name in _loaded:
+            return 0.0
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"fusionlab C++ extension {name!r} unavailable: {reason}")
+        start = time.perf_counter()
+        folder = build_dir(name, sources, headers)
+        library = folder / f"{folder.name}.so"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / LOCK_FILE, "w") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)  # blocks while another process builds
+            if (folder / _STAMP).exists():
+                torch.ops.load_library(str(library))
+            else:
+                _build(folder, sources, headers)
+                seconds = time.perf_counter() - start
+                (folder / _STAMP).touch()
+                with open(cache_dir() / "builds.log", "a") as log:
+                    log.write(f"{folder.name}\t{os.getpid()}\t{seconds:.2f}\n")
+        _loaded[name] = library
+        return time.perf_counter() - start
+
+
+def _build(folder: Path, sources: Sequence[Path], headers: Sequence[Path]) -> None:
+    # No stamp: whatever is here is from a build that died part way (a truncated .so would look
+    # up to date to ninja), so start clean. The lock file stays: it is what we hold.
+    for entry in folder.iterdir():
+        if entry.name != LOCK_FILE:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    cflags, ldflags = build_flags()
+    cpp_extension.load(
+        name=folder.name,
+        sources=[str(p) for p in sources],
+        extra_cflags=cflags,
+        extra_ldflags=ldflags,
+        extra_include_paths=sorted({str(p.parent) for p in headers}),
+        build_directory=str(folder),
+        is_python_module=False,
+    )

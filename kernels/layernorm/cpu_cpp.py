@@ -1,0 +1,44 @@
+"""Hand-written C++ LayerNorm for CPU: the `fusionlab::layer_norm_cpu` operator (one read of x for
+Welford mean/variance, then the normalised write), JIT-built and cached by kernels/cpp_build.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fusionlab.kernels import cpp_build
+
+TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
+
+_SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
+_HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+_op: Callable[..., torch.Tensor] | None = None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel cannot be built on this machine, or None; checks the tools, never builds."""
+    return cpp_build.unavailable_reason()
+
+
+def param_error(shape: tuple[int, ...], rows_per_task: int) -> str | None:
+    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain)."""
+    return None if rows_per_task >= 1 else f"rows_per_task must be >= 1, got {rows_per_task}"
+
+
+def load_extension() -> float:
+    """Build (first time per cache) or load the operator, once per process; seconds spent."""
+    global _op
+    seconds = cpp_build.load("layernorm_cpu", _SOURCES, _HEADERS)
+    _op = torch.ops.fusionlab.layer_norm_cpu.default
+    return seconds
+
+
+def layer_norm_cpp(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int
+) -> torch.Tensor:
+    """LayerNorm of x over its last dim, with weight and bias; rows_per_task is the grain."""
+    if _op is None:
+        load_extension()
+    return _op(x, weight, bias, eps, rows_per_task)

@@ -1,0 +1,203 @@
+// LayerNorm over the last dim for CPU: y = (x - mean) * rsqrt(var + eps) * weight + bias, with the
+// biased (population) variance. Two passes per row: one read of x for mean and variance, then the
+// normalised write, which finds the row still in L1/L2. All arithmetic in fp32 (row statistics
+// merged in fp64), one rounding on store. Shared helpers are in ../../rmsnorm/csrc.
+//
+// Why Welford for the statistics: the one-pass alternative, var = E[x^2] - E[x]^2 from plain fp32
+// sums, cancels catastrophically once |mean| >> std (hidden states with large offsets or outlier
+// channels): its relative error grows like 2^-24 * (mean/std)^2. Welford's update keeps a running
+// mean and the centred sum of squares M2, so the error stays O(n * 2^-24) whatever the mean, in
+// the same single read. It runs per SIMD lane over four independent chains (the latency of the
+// mean update is hidden), and chains, lanes and the scalar tail are merged with Chan et al.'s
+// pairwise formula, as ATen's own RowwiseMoments does (aten/src/ATen/native/cpu/moments_utils.h).
+
+#include "cpu_norm_common.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace {
+
+using namespace fusionlab_cpu;
+
+struct Moments {
+  double count = 0.0;
+  double mean = 0.0;
+  double m2 = 0.0;  // sum of squared deviations from mean
+};
+
+// Chan, Golub and LeVeque's pairwise merge of two partial results.
+inline Moments merge(const Moments& a, const Moments& b) {
+  if (b.count == 0.0) {
+    return a;
+  }
+  const double count = a.count + b.count;
+  const double delta = b.mean - a.mean;
+  return {count, a.mean + delta * (b.count / count),
+          a.m2 + b.m2 + delta * delta * (a.count * b.count / count)};
+}
+
+inline void welford_step(const fVec& v, const fVec& inv_count, fVec& mean, fVec& m2) {
+  const fVec delta = v - mean;
+  mean = at::vec::fmadd(delta, inv_count, mean);
+  m2 = at::vec::fmadd(delta, v - mean, m2);
+}
+
+template <typename T>
+Moments row_moments(const T* x, int64_t n) {
+  constexpr int64_t kLanes = fVec::size();
+  fVec mean[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+  fVec m2[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+  int64_t steps = 0;
+  int64_t i = 0;
+  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
+    ++steps;
+    const fVec inv_count(1.f / static_cast<float>(steps));
+    fVec a, b, c, d;
+    load_block(x + i, a, b);
+    load_block(x + i + kBlock, c, d);
+    welford_step(a, inv_count, mean[0], m2[0]);
+    welford_step(b, inv_count, mean[1], m2[1]);
+    welford_step(c, inv_count, mean[2], m2[2]);
+    welford_step(d, inv_count, mean[3], m2[3]);
+  }
+  Moments total;
+  if (steps > 0) {
+    // Every lane of every chain saw `steps` values, so the merges are equal-count ones: the mean
+    // of the means, and M2 = sum of M2s + steps * sum of squared deviations of the means. Both
+    // sum non-negative terms (no cancellation), so fp32 vectors suffice and no division is needed.
+    const auto add = [](const fVec& u, const fVec& v) { return u + v; };
+    const fVec lane_mean = ((mean[0] + mean[1]) + (mean[2] + mean[3])) * fVec(0.25f);
+    fVec lane_m2 = (m2[0] + m2[1]) + (m2[2] + m2[3]);
+    fVec spread(0.f);
+    for (const fVec& m : mean) {
+      spread = at::vec::fmadd(m - lane_mean, m - lane_mean, spread);
+    }
+    lane_m2 = at::vec::fmadd(spread, fVec(static_cast<float>(steps)), lane_m2);
+    const float row_mean = at::vec::vec_reduce_all<float>(add, lane_mean) / kLanes;
+    const fVec deviation = lane_mean - fVec(row_mean);
+    const float lanes_spread = at::vec::vec_reduce_all<float>(add, deviation * deviation);
+    total.count = static_cast<double>(steps * 4 * kLanes);
+    total.mean = row_mean;
+    total.m2 = static_cast<double>(at::vec::vec_reduce_all<float>(add, lane_m2)) +
+               4.0 * static_cast<double>(steps) * lanes_spread;
+  }
+  // The tail (under 2 * kBlock elements): exact two-pass moments in fp64, then one merge.
+  if (i < n) {
+    Moments tail;
+    tail.count = static_cast<double>(n - i);
+    double sum = 0.0;
+    for (int64_t j = i; j < n; ++j) {
+      sum += static_cast<double>(x[j]);
+    }
+    tail.mean = sum / tail.count;
+    for (int64_t j = i; j < n; ++j) {
+      const double d = static_cast<double>(x[j]) - tail.mean;
+      tail.m2 += d * d;
+    }
+    total = merge(total, tail);
+  }
+  return total;
+}
+
+// x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
+template <bool kStream, typename T>
+void layer_norm_row(const T* x, const T* x_next, const float* w, const float* b, T* y, int64_t n,
+                    float eps) {
+  const Moments moments = row_moments(x, n);
+  const float mean = static_cast<float>(moments.mean);
+  const float rstd = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
+  const fVec vmean(mean), vrstd(rstd);
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    prefetch_block(x_next + i);
+    fVec lo, hi;
+    load_block(x + i, lo, hi);
+    // (x - mean) first: exact when x is near the mean, where x*rstd - mean*rstd would cancel.
+    const fVec y_lo = at::vec::fmadd((lo - vmean) * vrstd, fVec::loadu(w + i), fVec::loadu(b + i));
+    const fVec y_hi = at::vec::fmadd((hi - vmean) * vrstd, fVec::loadu(w + i + fVec::size()),
+                                     fVec::loadu(b + i + fVec::size()));
+    store_block<kStream>(y + i, y_lo, y_hi);
+  }
+  for (; i < n; ++i) {
+    y[i] = static_cast<T>((static_cast<float>(x[i]) - mean) * rstd * w[i] + b[i]);
+  }
+}
+
+// rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
+// threads (none for rows <= rows_per_task).
+template <bool kStream, typename T>
+void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const float* b, T* y,
+                     int64_t rows, int64_t hidden, float eps, int64_t rows_per_task) {
+  at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = x + r * x_row_stride;
+      const T* next = r + 1 < end ? row + x_row_stride : row;
+      layer_norm_row<kStream>(row, next, w, b, y + r * hidden, hidden, eps);
+    }
+    if constexpr (kStream) {
+      stream_fence();
+    }
+  });
+}
+
+at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                          double eps, int64_t rows_per_task) {
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu(),
+              "fusionlab::layer_norm_cpu: x, weight and bias must be CPU tensors, got ",
+              x.device(), ", ", weight.device(), " and ", bias.device());
+  TORCH_CHECK(x.dim() >= 1, "fusionlab::layer_norm_cpu: x must have at least 1 dim");
+  const int64_t hidden = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden && bias.dim() == 1 &&
+                  bias.size(0) == hidden,
+              "fusionlab::layer_norm_cpu: weight and bias must be 1-D of size ", hidden,
+              " (x.size(-1)), got shapes ", weight.sizes(), " and ", bias.sizes());
+  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()) &&
+                  is_supported_dtype(bias.scalar_type()),
+              "fusionlab::layer_norm_cpu: dtypes must be float32, bfloat16 or float16, got x ",
+              x.scalar_type(), ", weight ", weight.scalar_type(), " and bias ",
+              bias.scalar_type());
+  TORCH_CHECK(eps >= 0.0, "fusionlab::layer_norm_cpu: eps must be >= 0, got ", eps);
+  TORCH_CHECK(rows_per_task >= 1,
+              "fusionlab::layer_norm_cpu: rows_per_task must be >= 1, got ", rows_per_task);
+
+  // Allocated without the dispatcher so a profiled call is a single op record.
+  at::Tensor y(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  if (y.numel() == 0) {
+    return y;
+  }
+  const int64_t rows = x.numel() / hidden;
+  const std::optional<int64_t> row_stride = uniform_row_stride(x);
+  const at::Tensor src = row_stride ? x : x.contiguous();
+  const int64_t stride = row_stride.value_or(hidden);
+
+  const at::Tensor w_in = weight.contiguous(), b_in = bias.contiguous();
+  std::vector<float> w_widened, b_widened;
+  const float* w = widen_to_float(w_in, w_widened);
+  const float* b = widen_to_float(b_in, b_widened);
+
+  const float eps_f = static_cast<float>(eps);
+  AT_DISPATCH_V2(x.scalar_type(), "layer_norm_cpu", AT_WRAP([&] {
+    const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
+    scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
+    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes());
+    (stream ? layer_norm_rows<true, scalar_t> : layer_norm_rows<false, scalar_t>)(
+        x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, rows_per_task);
+  }), at::kFloat, at::kBFloat16, at::kHalf);
+  return y;
+}
+
+}  // namespace
+
+// FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
+TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
+  m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task) "
+        "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
+  m.impl("layer_norm_cpu", &layer_norm_cpu);
+}
