@@ -75,9 +75,11 @@ HONEST = {
     "rmsnorm": [("naive", {}), ("builtin", {}), ("compiled", {"mode": "default", "dynamic": False}),
                 ("cpp", {"rows_per_task": 4})],
     "layernorm": [("naive", {}), ("builtin", {}),
-                  ("compiled", {"mode": "default", "dynamic": False})],
+                  ("compiled", {"mode": "default", "dynamic": False}),
+                  ("cpp", {"rows_per_task": 4})],
     "add_rmsnorm": [("naive", {}), ("builtin", {}), ("builtin-inplace", {}),
-                    ("compiled", {"mode": "default", "dynamic": False})],
+                    ("compiled", {"mode": "default", "dynamic": False}),
+                    ("cpp", {"rows_per_task": 4}), ("cpp-inplace", {"rows_per_task": 4})],
 }
 
 
