@@ -154,7 +154,7 @@ def measure_copy_limits(
     count, achieved, note = _rotation(real_bytes, llc, cold)
     device = torch.device(device_type)
     sources = [torch.randn(numel, device=device).to(dtype) for _ in range(count)]
-    targets = [torch.empty_like(s) for s in sources]
+    targets = [s.clone() for s in sources]  # touched: copy_ must not pay first-touch faults
     times = median_call_s(
         {
             "clone": _Rotating(torch.Tensor.clone, [(s,) for s in sources]),
