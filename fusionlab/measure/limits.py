@@ -155,15 +155,22 @@ def measure_copy_limits(
     device = torch.device(device_type)
     sources = [torch.randn(numel, device=device).to(dtype) for _ in range(count)]
     targets = [s.clone() for s in sources]  # touched: copy_ must not pay first-touch faults
-    times = median_call_s(
-        {
-            "clone": _Rotating(torch.Tensor.clone, [(s,) for s in sources]),
-            "copy_": _Rotating(torch.Tensor.copy_, list(zip(targets, sources, strict=True))),
-        },
-        synchronize,
-        # The limit is what the device can do: its fastest sample (other work only slows a copy).
-        statistic=min,
-    )
+    calls = {
+        "clone": _Rotating(torch.Tensor.clone, [(s,) for s in sources]),
+        "copy_": _Rotating(torch.Tensor.copy_, list(zip(targets, sources, strict=True))),
+    }
+    # The limit is what the device can do: its fastest sample (other work only slows a copy), with
+    # torch's threads and, on the CPU, with one: when another process holds a core, a parallel
+    # copy waits for its descheduled thread and runs 30x slower than a serial one (seen here).
+    threads = torch.get_num_threads()
+    times = median_call_s(calls, synchronize, statistic=min)
+    if device_type == "cpu" and threads > 1:
+        torch.set_num_threads(1)
+        try:
+            serial = median_call_s(calls, synchronize, statistic=min)
+        finally:
+            torch.set_num_threads(threads)
+        times = {name: min(times[name], serial[name]) for name in times}
     moved = 2 * real_bytes
     return CopyLimits(
         device_type=device_type,
