@@ -96,7 +96,7 @@ def run_trial(task: TrialTask) -> TrialRecord:
     except Exception as error:
         record.status, record.message = Status.RUNTIME_ERROR, describe(error)
         traceback.print_exc(file=sys.stderr)
-    if not record.passed or get_variant(task.cell.op, task.variant).inplace:
+    if not record.passed:
         _INPUTS.drop()  # the sets may have been written to; the next trial makes new ones
     record.trial_s = time.perf_counter() - start
     return record
@@ -123,7 +123,13 @@ def build_and_gate(
     if reset and "torch._dynamo" in sys.modules:
         torch._dynamo.reset()  # every variant pays its own compile time in its first call
     dtype = torch_dtype(cell.dtype)
-    sets = _INPUTS.get(spec, cell.shape, dtype, device.torch_device, seed)
+    # An in-place variant writes to its inputs: it gets sets of its own, so the shared ones
+    # stay as generated for every other variant (in a trial and in interleaved rounds).
+    where = device.torch_device
+    if variant.inplace:
+        sets = InputSets(spec, cell.shape, dtype, where, seed)
+    else:
+        sets = _INPUTS.get(spec, cell.shape, dtype, where, seed)
     sets.ensure(WARM_SETS)
     first = sets.sets[0]
     like = tensors_in(first)[0]
