@@ -74,7 +74,25 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--export", metavar="FILE", help="also write the table (format by extension)"
     )
+    sweep.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="local workers, one per device (needs a journal: or PostgreSQL storage)",
+    )
+    sweep.add_argument(
+        "--pin", action="store_true", help="cpu: give each worker its own cores"
+    )
     _add_ranking(sweep)
+
+    worker = commands.add_parser("worker", help="join a sweep planned in a shared storage")
+    worker.add_argument("--storage", required=True, help="the sweep's storage URL")
+    worker.add_argument("--op", help="join only this op's sweeps")
+
+    status = commands.add_parser("status", help="what a sweep has done, is running and has left")
+    status.add_argument("--storage", required=True, help="the sweep's storage URL")
+    status.add_argument("--op", help="only this op's cells")
 
     export = commands.add_parser("export", help="render stored results without measuring")
     export.add_argument("op")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
 import torch
@@ -14,9 +15,17 @@ from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, investigate
 from fusionlab.report.tables import best_rows, display_rows
+from fusionlab.search.claims import worker_name
 from fusionlab.search.results_store import CellResult, load_cells
 from fusionlab.search.runner import Sweep
 from fusionlab.search.storage import DEFAULT_STORAGE, describe, open_storage
+from fusionlab.search.workers import (
+    check_worker_count,
+    joinable_plans,
+    pin_to_env_cores,
+    start_local_workers,
+    status_rows,
+)
 from fusionlab.shapes import format_shape
 from fusionlab.toolchain import describe_difference
 
@@ -37,8 +46,8 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _progress(record: TrialRecord, index: int, total: int) -> None:
-    where = f"[{index}/{total}] {format_shape(record.shape)} {record.dtype:<8}"
+def _progress(record: TrialRecord, index: int, total: int, prefix: str = "") -> None:
+    where = f"{prefix}[{index}/{total}] {format_shape(record.shape)} {record.dtype:<8}"
     if record.passed and record.timing is not None:
         cold = f", cold {record.cold.median_ms:.4g} ms" if record.cold is not None else ""
         detail = (
@@ -97,13 +106,24 @@ def sweep(args: argparse.Namespace) -> int:
     if args.export:
         export.check_writable(args.export)
     url = args.storage or DEFAULT_STORAGE
+    warning = check_worker_count(plan.device, args.workers, args.pin, url)
     storage = open_storage(url)
     runner = Sweep(plan, storage, _progress, say)
     say(
         f"{args.op} on {plan.device.type}: {plan.device.hardware_name()}, torch {torch.__version__}"
     )
     say(describe(url))
-    cells = runner.run()
+    if warning:
+        say(f"warning: {warning}")
+    if args.workers == 1:
+        cells = runner.run()
+    else:
+        runner.open()  # planned here, so every worker finds the whole sweep
+        say(f"{args.workers} workers on {url}; `fusionlab status --storage {url}` shows them")
+        runner.interrupted = _wait_for_workers(
+            start_local_workers(url, args.op, plan.device, args.workers, args.pin)
+        )
+        cells = runner.results()
     print()
     print_table(cells, args.op, plan.rank_by, plan.calls)
     if args.export:
@@ -116,6 +136,54 @@ def sweep(args: argparse.Namespace) -> int:
     if runner.interrupted:
         say("interrupted: everything measured so far is stored; run the same command to resume")
         return 130
+    return 0
+
+
+def _wait_for_workers(workers: list[subprocess.Popen]) -> bool:
+    """Wait for every local worker; True if the sweep was interrupted (Ctrl-C reaches them too,
+    as one process group, and each gives its claim back)."""
+    interrupted = False
+    for worker in workers:
+        while True:
+            try:
+                code = worker.wait()
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+        if code == 130:
+            interrupted = True
+        elif code != 0:
+            say(f"worker {worker.pid} exited with code {code}; its claims expire for the others")
+    return interrupted
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    pin_to_env_cores()
+    storage = open_storage(args.storage, must_exist=True)
+    me = f"worker {worker_name()}"
+    joined = joinable_plans(storage, args.storage, args.op, lambda text: say(f"{me}: {text}"))
+
+    def progress(record: TrialRecord, index: int, total: int) -> None:
+        _progress(record, index, total, prefix=f"{me} ")
+
+    measured = 0
+    for entry in joined:
+        runner = Sweep(entry.plan, storage, progress, lambda text: say(f"{me}: {text}"))
+        runner.run()
+        measured += len(runner.measured_here)
+        if runner.interrupted:
+            say(f"{me}: interrupted after {measured} measurements; its claim went back")
+            return 130
+    say(f"{me}: done, measured {measured} configurations")
+    return 0
+
+
+def status_command(args: argparse.Namespace) -> int:
+    rows = status_rows(open_storage(args.storage, must_exist=True), args.op)
+    if not rows:
+        say(f"no sweep is planned in {args.storage}")
+        return 0
+    print(tabulate(rows, headers="keys", tablefmt="simple", disable_numparse=True))
     return 0
 
 
@@ -200,5 +268,7 @@ def run(args: argparse.Namespace) -> int:
         "list": list_command,
         "compare": investigate.compare_command,
         "profile": investigate.profile_command,
+        "worker": worker_command,
+        "status": status_command,
     }
     return handlers[args.command](args)

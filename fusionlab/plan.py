@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from fusionlab.cell import Cell
@@ -108,6 +109,54 @@ class SweepPlan:
                     )
                 )
         return result
+
+
+def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
+    """What a worker joining from another process or host needs to rebuild the plan."""
+    return {
+        "op": plan.op,
+        "device": plan.device.type,
+        "shapes": [format_shape(shape) for shape in plan.shapes],
+        "dtypes": list(plan.dtypes),
+        "variants": plan.variants,
+        "plugins": [str(Path(path).resolve()) for path in plan.plugins],
+        "trials": plan.trials,
+        "exhaustive_limit": plan.exhaustive_limit,
+        "timeout_s": plan.timeout_s,
+        "seed": plan.seed,
+        "rank_by": plan.rank_by,
+        "calls": plan.calls,
+        "timing": asdict(plan.timing),
+        "profiler": asdict(plan.profiler),
+        "confirm": None if plan.confirm is None else asdict(plan.confirm),
+    }
+
+
+def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
+    """The plan a sweep stored, validated again here (this host's devices and plugins)."""
+    plan = make_plan(
+        data["op"],
+        ",".join(data["shapes"]),
+        ",".join(data["dtypes"]),
+        data["device"],
+        data["variants"],
+        data["plugins"],
+        trials=data["trials"],
+        timeout_s=data["timeout_s"],
+        seed=data["seed"],
+        rank_by=data["rank_by"],
+        calls=data["calls"],
+    )
+    confirm = data["confirm"]
+    if confirm is not None:
+        confirm = Confirm(**{**confirm, "timing": TimingSettings(**confirm["timing"])})
+    return replace(
+        plan,
+        exhaustive_limit=data["exhaustive_limit"],
+        timing=TimingSettings(**data["timing"]),
+        profiler=ProfilerSettings(**data["profiler"]),
+        confirm=confirm,
+    )
 
 
 def installed_toolchain(op: str, device_type: str) -> dict[str, str]:

@@ -136,6 +136,9 @@ class TrialRecord:
     seed: int = 0
     trial_s: float = 0.0  # wall time inside the worker for this trial
     phases_s: dict[str, float] = field(default_factory=dict)  # where trial_s went
+    # Inductor's FX graph cache in this trial: misses are real compiles, hits were found in the
+    # on-disk cache that every worker of a host shares.
+    compiles: dict[str, int] = field(default_factory=dict)
     profile_table: str = ""
     trace_file: str = ""
 

@@ -27,8 +27,9 @@ Protocol (PostgreSQL through Optuna's RDBStorage, or a journal file through Jour
 * TPE cells: `propose` samples on a fresh trial (not `study.ask()`, which would pop a WAITING
   configuration; use `TPESampler(constant_liar=True)`, Optuna 5.1's default, so RUNNING claims
   steer other workers away), turns the suggestion into an enqueued
-  configuration unless it is live already, and ends the proposal trial FAIL without a `config`
-  attr (TPE ignores FAIL trials). The twin rule above then dedupes concurrent proposals.
+  configuration unless it is live already, and ends the proposal trial without a `config` attr:
+  FAIL (TPE ignores it), or, for a configuration measured already, COMPLETE with its value so
+  that TPE sees the point again and moves on. The twin rule above then dedupes concurrent proposals.
 
 Sources: optuna 5.1 `optuna/study/study.py` (`ask`, `_pop_waiting_trial_id`, `enqueue_trial`),
 `optuna/storages/_rdb/storage.py`, `optuna/storages/journal/_storage.py`,
@@ -90,22 +91,32 @@ def _key_of(trial: FrozenTrial) -> str | None:
     return trial.user_attrs.get(CONFIG)
 
 
-def _live_keys(study: optuna.Study) -> set[str]:
-    """Keys of every configuration that has a live trial."""
+def _keys_in(study: optuna.Study, states: Sequence[TrialState]) -> set[str]:
+    """Keys of every configuration that has a trial in one of these states."""
     rdb = _sql(study._storage)
     if rdb is None:
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False, states=LIVE)
+        trials = study._storage.get_all_trials(study._study_id, deepcopy=False, states=states)
         return {key for t in trials if (key := _key_of(t)) is not None}
     # A targeted query: get_all_trials would load every trial's records (KBs each) to read keys.
     query = (
         sqlalchemy.select(models.TrialUserAttributeModel.value_json)
         .join(models.TrialModel)
         .where(models.TrialModel.study_id == study._study_id)
-        .where(models.TrialModel.state.in_(LIVE))
+        .where(models.TrialModel.state.in_(states))
         .where(models.TrialUserAttributeModel.key == CONFIG)
     )
     with rdb.engine.connect() as connection:
         return {json.loads(value) for (value,) in connection.execute(query)}
+
+
+def _live_keys(study: optuna.Study) -> set[str]:
+    """Keys of every configuration that has a live trial."""
+    return _keys_in(study, LIVE)
+
+
+def done_keys(study: optuna.Study) -> set[str]:
+    """Keys of every configuration measured (passed or failed)."""
+    return _keys_in(study, (TrialState.COMPLETE, TrialState.FAIL))
 
 
 def _twins(study: optuna.Study, key: str) -> list[tuple[int, TrialState]]:
@@ -125,21 +136,32 @@ def _twins(study: optuna.Study, key: str) -> list[tuple[int, TrialState]]:
         return [(number, state) for number, state in connection.execute(query)]
 
 
-def _waiting_ids(study: optuna.Study) -> list[int]:
+def _waiting(study: optuna.Study) -> list[tuple[int, str | None]]:
+    """(trial id, config key) of every WAITING trial, oldest first."""
     rdb = _sql(study._storage)
     if rdb is None:
         trials = study._storage.get_all_trials(
             study._study_id, deepcopy=False, states=(TrialState.WAITING,)
         )
-        return [t._trial_id for t in trials]
+        return [(t._trial_id, _key_of(t)) for t in trials]
     query = (
-        sqlalchemy.select(models.TrialModel.trial_id)
+        sqlalchemy.select(models.TrialModel.trial_id, models.TrialUserAttributeModel.value_json)
+        .join(models.TrialUserAttributeModel, isouter=True)
         .where(models.TrialModel.study_id == study._study_id)
         .where(models.TrialModel.state == TrialState.WAITING)
+        .where(
+            sqlalchemy.or_(
+                models.TrialUserAttributeModel.key == CONFIG,
+                models.TrialUserAttributeModel.key.is_(None),
+            )
+        )
         .order_by(models.TrialModel.number)
     )
     with rdb.engine.connect() as connection:
-        return [trial_id for (trial_id,) in connection.execute(query)]
+        return [
+            (trial_id, None if value is None else json.loads(value))
+            for trial_id, value in connection.execute(query)
+        ]
 
 
 def _enqueue(study: optuna.Study, key: str, params: dict[str, Any], **attrs: Any) -> None:
@@ -266,12 +288,22 @@ def take_over_stale(study: optuna.Study, lease: Lease) -> int:
 
 
 def claim_next(
-    study: optuna.Study, worker: str | None = None, lease: Lease = Lease()
+    study: optuna.Study,
+    worker: str | None = None,
+    lease: Lease = Lease(),
+    accept: Callable[[str], bool] | None = None,
 ) -> Claim | None:
-    """Claim a configuration this worker alone will measure; None when nothing waits now."""
+    """Claim a configuration this worker alone will measure; None when nothing waits now.
+
+    `accept` limits the claim to configurations this worker can measure (a worker whose plan
+    names fewer variants leaves the others' configurations waiting for someone else)."""
     worker = worker or worker_name()
     while True:
-        waiting = _waiting_ids(study)
+        waiting = [
+            trial_id
+            for trial_id, key in _waiting(study)
+            if accept is None or (key is not None and accept(key))
+        ]
         if not waiting:
             # Nothing waits: take over dead workers' claims, then look again.
             if take_over_stale(study, lease):
@@ -320,23 +352,43 @@ def _resolve_twins(study: optuna.Study, trial_id: int, worker: str, lease: Lease
 
 
 def propose(
-    study: optuna.Study, suggest: Callable[[optuna.Trial], tuple[str, dict[str, Any]]]
+    study: optuna.Study,
+    suggest: Callable[[optuna.Trial], tuple[str, dict[str, Any]] | None],
 ) -> str | None:
     """One TPE proposal, enqueued as a configuration unless it is live already.
 
-    `suggest` draws on the trial (define-by-run) and returns (key, Optuna params). Returns the
-    key when it was enqueued, None for a duplicate; claim it with `claim_next`.
+    `suggest` draws on the trial (define-by-run) and returns (key, Optuna params), or None when
+    the suggestion cannot run (it records why on the trial, which ends PRUNED so TPE learns to
+    avoid it). Returns the key when it was enqueued, None otherwise; claim it with `claim_next`.
     """
     # Not study.ask(): it would pop a WAITING configuration (someone's claim) as the proposal.
     study._thread_local.cached_all_trials = None  # as ask() does: the sampler reads fresh trials
     trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id))
-    key, params = suggest(trial)
+    proposal = suggest(trial)
+    if proposal is None:
+        study.tell(trial, state=TrialState.PRUNED)
+        return None
+    key, params = proposal
     fresh = key not in _live_keys(study)
     if fresh:
         _enqueue(study, key, params)
     trial.set_user_attr("proposal", key)
-    study.tell(trial, state=TrialState.FAIL)
+    # A proposal of a configuration measured already ends with its value, so TPE sees the point
+    # again and moves on; every other proposal ends FAIL, which TPE ignores.
+    value = None if fresh else _value_of(study, key)
+    if value is None:
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        study.tell(trial, value)
     return key if fresh else None
+
+
+def _value_of(study: optuna.Study, key: str) -> float | None:
+    """The stored value of a configuration measured with success, if any."""
+    done = study._storage.get_all_trials(
+        study._study_id, deepcopy=False, states=(TrialState.COMPLETE,)
+    )
+    return next((t.value for t in done if _key_of(t) == key), None)
 
 
 @dataclass
@@ -382,7 +434,7 @@ def work_cell(
     while True:
         claim = claim_next(study, worker, lease)
         if claim is None:
-            if _anything_running(study):  # wait: a holder may die and leave its claim to us
+            if anything_running(study):  # wait: a holder may die and leave its claim to us
                 time.sleep(lease.renew_s)
                 continue
             # A taker-over that died between its PRUNED and its enqueue left a configuration
@@ -396,7 +448,8 @@ def work_cell(
                 measured.append(claim.key)
 
 
-def _anything_running(study: optuna.Study) -> bool:
+def anything_running(study: optuna.Study) -> bool:
+    """Whether any worker holds a claim in this cell now."""
     return bool(
         study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
     )

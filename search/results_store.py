@@ -3,6 +3,7 @@ and reading cells back. Everything else reads and writes results through this mo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,9 @@ from fusionlab.shapes import format_shape
 CELL_ATTR = "cell"
 VERDICT_ATTR = "verdict"  # the re-measured decision, by rank mode: {"cold": {...}, ...}
 RECORD_ATTR = "record"
-CONFIG_ATTR = "config"
 REJECTED_ATTR = "rejected"
-DUPLICATE_ATTR = "duplicate"
-INTERRUPTED_ATTR = "interrupted"
+PLAN_ATTR = "plan"  # the sweep plan, so `fusionlab worker` can join from anywhere
+_VERDICT_KEY = "verdict:"  # config keys of re-measurement claims start with this
 
 
 def study_name(cell: Cell) -> str:
@@ -35,46 +35,33 @@ def write_cell(study: optuna.Study, cell: Cell) -> None:
     study.set_user_attr(CELL_ATTR, cell.to_dict())
 
 
-def planned_attrs(config_key: str) -> dict[str, Any]:
-    """User attributes an enqueued trial is created with (one storage write fewer per trial)."""
-    return {CONFIG_ATTR: config_key}
+def write_plan(study: optuna.Study, plan: dict[str, Any]) -> None:
+    study.set_user_attr(PLAN_ATTR, plan)
 
 
-def write_result(
-    trial: optuna.Trial, config_key: str, record: TrialRecord, planned: bool = False
-) -> None:
-    """The measurement; `planned` trials carry their config key since they were enqueued."""
-    if not planned:
-        trial.set_user_attr(CONFIG_ATTR, config_key)
-    trial.set_user_attr(RECORD_ATTR, record.to_dict())
+def verdict_key(mode: str, contenders: list[str]) -> str:
+    """The claim key of one re-measurement of a cell's contenders."""
+    return f"{_VERDICT_KEY}{mode}:{json.dumps(contenders)}"
+
+
+def is_verdict_key(key: str) -> bool:
+    return key.startswith(_VERDICT_KEY)
+
+
+def result_attrs(record: TrialRecord) -> dict[str, Any]:
+    """The user attributes a claimed trial ends with (its config key, search/claims.py's
+    `config` attr, it was enqueued with)."""
+    return {RECORD_ATTR: record.to_dict()}
 
 
 def write_rejected(trial: optuna.Trial, reason: str) -> None:
     trial.set_user_attr(REJECTED_ATTR, reason)
 
 
-def write_duplicate(trial: optuna.Trial, config_key: str) -> None:
-    trial.set_user_attr(DUPLICATE_ATTR, True)
-    trial.set_user_attr(CONFIG_ATTR, config_key)
-
-
-def write_interrupted(trial: optuna.Trial) -> None:
-    trial.set_user_attr(INTERRUPTED_ATTR, True)
-
-
 def write_verdict(study: optuna.Study, mode: str, verdict: dict[str, Any]) -> None:
     stored = dict(study.user_attrs.get(VERDICT_ATTR, {}))
     stored[mode] = verdict
     study.set_user_attr(VERDICT_ATTR, stored)
-
-
-def measured_configs(trials: list[FrozenTrial]) -> dict[str, float | None]:
-    """The value stored for every configuration measured (None: it failed), by config key."""
-    return {
-        t.user_attrs[CONFIG_ATTR]: t.value
-        for t in trials
-        if RECORD_ATTR in t.user_attrs and not t.user_attrs.get(DUPLICATE_ATTR)
-    }
 
 
 @dataclass
@@ -115,9 +102,18 @@ def cell_from_study(attrs: dict[str, Any], trials: list[FrozenTrial]) -> CellRes
         user = trial.user_attrs
         if REJECTED_ATTR in user:
             result.rejected += 1
-        elif RECORD_ATTR in user and not user.get(DUPLICATE_ATTR):
+        elif RECORD_ATTR in user:
             result.records.append(TrialRecord.from_dict(user[RECORD_ATTR]))
     return result
+
+
+def planned_cells(storage: BaseStorage) -> list[tuple[Cell, dict[str, Any]]]:
+    """Every cell a sweep planned in this storage, with that sweep's plan."""
+    return [
+        (Cell.from_dict(study.user_attrs[CELL_ATTR]), study.user_attrs[PLAN_ATTR])
+        for study in storage.get_all_studies()
+        if CELL_ATTR in study.user_attrs and PLAN_ATTR in study.user_attrs
+    ]
 
 
 def load_cells(storage: BaseStorage, op: str) -> list[CellResult]:

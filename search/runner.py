@@ -1,33 +1,49 @@
 """The Optuna-driven sweep: one study per cell, exhaustive where the space is small, TPE within a
-trial budget where it is not, every measurement in an isolated worker, resumable; then each
-cell's contenders are re-measured in interleaved rounds and the verdict is stored."""
+trial budget where it is not, every measurement in an isolated worker process, resumable; then
+each cell's contenders are re-measured in interleaved rounds and the verdict is stored.
+
+Every measurement goes through a claim (search/claims.py), so any number of these runners, in
+any processes or hosts, can work on one storage: each configuration, and each cell's
+re-measurement, is done exactly once, by whichever runner claims it first."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 from optuna.storages import BaseStorage
-from optuna.trial import TrialState
 
 from fusionlab.cell import Cell
 from fusionlab.measure.rounds import RoundsTask
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
-from fusionlab.plan import SweepPlan, valid_configs
+from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
 from fusionlab.report.verdict import Contender, decide
 from fusionlab.report.winners import first_use_by_variant
+from fusionlab.search import claims
 from fusionlab.search import results_store as store
 from fusionlab.search.results_store import CellResult
-from fusionlab.search.space import CellSpace, Config, make_config
+from fusionlab.search.space import CellSpace, make_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 Progress = Callable[[TrialRecord, int, int], None]
 Notice = Callable[[str], None]
+
+_TPE_ATTEMPTS = 50  # proposals per budgeted trial before a cell gives up (rejected, duplicates)
+_POLL_S = 1.0  # how often a runner looks again while other runners hold a cell's last claims
+
+
+def lease_from_env() -> claims.Lease:
+    """The claim lease: FUSIONLAB_LEASE_S seconds (default 120), renewed every quarter of it."""
+    seconds = float(os.environ.get("FUSIONLAB_LEASE_S", claims.Lease.seconds))
+    return claims.Lease(seconds=seconds, renew_s=seconds / 4)
 
 
 @dataclass
@@ -35,25 +51,17 @@ class _OpenCell:
     cell: Cell
     study: optuna.Study
     space: CellSpace
-    valid: list[Config]
-    finite: bool
-    # The value stored for every configuration measured in this cell (None: it failed); read
-    # from storage once, then kept up to date as trials end.
-    done: dict[str, float | None]
+    exhaustive: bool
+    budget: int  # configurations to measure in all, whoever measures them
+    attempts: int = 0
+    planned: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
-    def exhaustive(self, limit: int) -> bool:
-        return self.finite and len(self.valid) <= limit
-
-    def pending(self, plan: SweepPlan) -> int:
-        """How many new measurements this cell will make (an upper bound under TPE)."""
-        done = len(self.done)
-        if self.exhaustive(plan.exhaustive_limit):
-            return max(0, len(self.valid) - done)
-        return max(0, min(plan.trials, len(self.valid) if self.finite else plan.trials) - done)
+    def measured(self) -> int:
+        return sum(not store.is_verdict_key(key) for key in claims.done_keys(self.study))
 
 
 class Sweep:
-    """Runs a SweepPlan against a storage."""
+    """Runs a SweepPlan against a storage, alone or beside other runners."""
 
     def __init__(
         self,
@@ -61,14 +69,17 @@ class Sweep:
         storage: BaseStorage,
         progress: Progress | None = None,
         notice: Notice | None = None,
+        lease: claims.Lease | None = None,
     ) -> None:
         self.plan = plan
         self.storage = storage
         self.progress = progress or (lambda record, index, total: None)
         self.notice = notice or (lambda text: None)
+        self.lease = lease or lease_from_env()
+        self.me = claims.worker_name()
         self.interrupted = False
-        self._done = 0
-        self._total = 0
+        self.measured_here: list[str] = []
+        self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
         name = store.study_name(cell)
@@ -81,6 +92,7 @@ class Sweep:
                 multivariate=True,
                 group=True,
                 n_startup_trials=max(4, self.plan.trials // 4),
+                constant_liar=True,  # other runners' RUNNING claims steer proposals away
             )
         study = optuna.create_study(
             storage=self.storage,
@@ -89,7 +101,9 @@ class Sweep:
             sampler=sampler,
             load_if_exists=True,
         )
-        store.write_cell(study, cell)
+        if store.CELL_ATTR not in study.user_attrs:
+            store.write_cell(study, cell)
+            store.write_plan(study, plan_to_dict(self.plan))
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
@@ -97,31 +111,47 @@ class Sweep:
             if v.is_finite()
             for params in valid_configs(v, cell.shape, cell.device)
         ]
-        trials = study.get_trials(deepcopy=False)
-        return _OpenCell(
-            cell,
-            study,
-            CellSpace(variants, study),
-            valid,
-            all(v.is_finite() for v in variants),
-            store.measured_configs(trials),
-        )
+        finite = all(v.is_finite() for v in variants)
+        exhaustive = finite and len(valid) <= self.plan.exhaustive_limit
+        budget = len(valid) if exhaustive else self.plan.trials
+        if finite:
+            budget = min(budget, len(valid))
+        opened = _OpenCell(cell, study, CellSpace(variants, study), exhaustive, budget)
+        if exhaustive:
+            chosen = valid
+        else:
+            # Every variant is measured at least once (its first valid configuration) before TPE
+            # spends the rest of the budget, so baselines are never left out by chance.
+            chosen = list({c.variant: c for c in reversed(valid)}.values())[:budget]
+        opened.planned = [(c.key, opened.space.enqueue_params(c)) for c in chosen]
+        claims.plan_cell(study, opened.planned)
+        return opened
+
+    def open(self) -> None:
+        """Create every cell's study and enqueue its configurations (idempotent, race-safe)."""
+        if not self._cells:
+            self._cells = [self._open_cell(cell) for cell in self.plan.cells()]
 
     def run(self) -> list[CellResult]:
-        """Measure every cell; Ctrl-C stops cleanly and keeps what was measured."""
-        cells = [self._open_cell(cell) for cell in self.plan.cells()]
-        self._total = sum(cell.pending(self.plan) for cell in cells)
+        """Work until every cell is done by someone; Ctrl-C stops cleanly and keeps what was
+        measured (a claim held at that moment goes back to the storage for the next runner)."""
+        self.open()
         modules = sorted(
             {v.factory.__module__ for d in self.plan.dtypes for v in self.plan.cell_variants(d)}
         )
         with TrialWorker(self.plan.plugins, modules) as worker:
             try:
-                for cell in cells:
-                    self._search(cell, worker)
-                    self._confirm(cell, worker)
+                pending = list(self._cells)
+                while pending:
+                    pending = [cell for cell in pending if not self._advance(cell, worker)]
+                    if pending:
+                        time.sleep(_POLL_S)
             except KeyboardInterrupt:
                 self.interrupted = True
-        return [self._result(cell) for cell in cells]
+        return self.results()
+
+    def results(self) -> list[CellResult]:
+        return [self._result(cell) for cell in self._cells]
 
     def _result(self, cell: _OpenCell) -> CellResult:
         study = cell.study
@@ -129,66 +159,66 @@ class Sweep:
         assert result is not None
         return result
 
-    def _search(self, cell: _OpenCell, worker: TrialWorker) -> None:
-        if cell.exhaustive(self.plan.exhaustive_limit):
-            for config in cell.valid:
-                self._measure_config(cell, worker, config)
-            return
-        budget = cell.pending(self.plan)
-        # Every variant is measured at least once (its first valid configuration) before TPE
-        # spends the rest of the budget, so baselines are never left out by chance.
-        first_of_each = {config.variant: config for config in reversed(cell.valid)}
-        for config in list(first_of_each.values())[:budget]:
-            budget -= self._measure_config(cell, worker, config)
-        attempts = 0  # asks that are rejected or duplicates measure nothing and are cheap
-        while budget > 0 and attempts < 50 * self.plan.trials:
-            attempts += 1
-            if self._step_tpe(cell, worker):
-                budget -= 1
+    def _advance(self, cell: _OpenCell, worker: TrialWorker) -> bool:
+        """Measure what this cell has left to claim; True once nothing is left for anyone."""
+        while True:
+            claim = claims.claim_next(
+                cell.study, self.me, self.lease, lambda key: self._can_measure(cell, key)
+            )
+            if claim is not None:
+                with claim:
+                    self._work(cell, claim, worker)
+                continue
+            if self._propose(cell):
+                continue
+            if claims.anything_running(cell.study):
+                return False  # another runner holds a claim here; look again later
+            # A taker-over that died between its PRUNED and its enqueue left a configuration
+            # with no live trial: planning again brings it back.
+            if claims.plan_cell(cell.study, cell.planned):
+                continue
+            key = self._verdict_key(cell)
+            if key is None or not claims.plan_cell(cell.study, [(key, {})]):
+                return True
 
-    def _measure_config(self, cell: _OpenCell, worker: TrialWorker, config: Config) -> bool:
-        """Measure exactly this configuration unless it is stored already."""
-        if config.key in cell.done:
-            return False
-        cell.study.enqueue_trial(
-            cell.space.enqueue_params(config), user_attrs=store.planned_attrs(config.key)
+    def _can_measure(self, cell: _OpenCell, key: str) -> bool:
+        """Whether a waiting configuration is one of this plan's (another plan of the same
+        cell may name other variants)."""
+        if store.is_verdict_key(key):
+            return key.startswith(store.verdict_key(self.plan.rank_by, []).removesuffix("[]"))
+        config = json.loads(key)
+        variant = cell.space.variants.get(config["variant"])
+        return variant is not None and (
+            variant.rejects(cell.cell.shape, config["params"], self.plan.device.type) is None
         )
-        trial = cell.study.ask()
-        # Suggesting records the enqueued values as the trial's params, which TPE learns from.
-        if cell.space.suggest(trial) != config:
-            raise RuntimeError(f"Optuna did not replay the enqueued configuration {config.key}")
-        self._measure(cell, worker, trial, config, planned=True)
+
+    def _propose(self, cell: _OpenCell) -> bool:
+        """One TPE proposal while the budget lasts; True if one was made."""
+        if cell.exhaustive or cell.attempts >= _TPE_ATTEMPTS * self.plan.trials:
+            return False
+        if cell.measured() >= cell.budget:
+            return False
+        cell.attempts += 1
+        claims.propose(cell.study, lambda trial: self._suggest(cell, trial))
         return True
 
-    def _step_tpe(self, cell: _OpenCell, worker: TrialWorker) -> bool:
-        """One TPE suggestion; returns whether it led to a new measurement."""
-        trial = cell.study.ask()
+    def _suggest(self, cell: _OpenCell, trial: optuna.Trial) -> tuple[str, dict] | None:
         config = cell.space.suggest(trial)
         variant = cell.space.variants[config.variant]
         reason = variant.rejects(cell.cell.shape, config.as_params(), self.plan.device.type)
         if reason is not None:
             store.write_rejected(trial, reason)
-            cell.study.tell(trial, state=TrialState.PRUNED)
-            return False
-        if config.key in cell.done:
-            store.write_duplicate(trial, config.key)
-            previous = cell.done[config.key]
-            if previous is None:
-                cell.study.tell(trial, state=TrialState.FAIL)
-            else:
-                cell.study.tell(trial, previous)
-            return False
-        self._measure(cell, worker, trial, config)
-        return True
+            return None
+        return config.key, cell.space.enqueue_params(config)
 
-    def _measure(
-        self,
-        cell: _OpenCell,
-        worker: TrialWorker,
-        trial: optuna.Trial,
-        config: Config,
-        planned: bool = False,
-    ) -> None:
+    def _work(self, cell: _OpenCell, claim: claims.Claim, worker: TrialWorker) -> None:
+        if store.is_verdict_key(claim.key):
+            self._confirm(cell, claim, worker)
+            return
+        # Suggesting records the enqueued values as the trial's params, which TPE learns from.
+        config = cell.space.suggest(claim.trial)
+        if config.key != claim.key:
+            raise RuntimeError(f"Optuna did not replay the enqueued configuration {claim.key}")
         task = TrialTask(
             cell=cell.cell,
             variant=config.variant,
@@ -197,42 +227,49 @@ class Sweep:
             timing=self.plan.timing,
             profiler=self.plan.profiler,
         )
-        try:
-            record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
-        except KeyboardInterrupt:
-            store.write_interrupted(trial)
-            cell.study.tell(trial, state=TrialState.FAIL)
-            raise
-        store.write_result(trial, config.key, record, planned)
+        record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
-        if value is None:
-            cell.study.tell(trial, state=TrialState.FAIL)
-        else:
-            cell.study.tell(trial, value)
-        cell.done[config.key] = value
-        self._done += 1
-        self.progress(record, self._done, max(self._total, self._done))
+        if claim.finish(value, store.result_attrs(record)):
+            self.measured_here.append(claim.key)
+            done = sum(c.measured() for c in self._cells)
+            total = sum(c.budget for c in self._cells)
+            self.progress(record, done, max(total, done))
 
-    def _confirm(self, cell: _OpenCell, worker: TrialWorker) -> None:
-        """Re-measure the contenders in interleaved rounds; store the verdict with its interval."""
+    def _contenders(self, cell: _OpenCell) -> list[TrialRecord]:
+        """The best configuration of every variant within `within` of the fastest (at least
+        `min_contenders`)."""
         confirm, mode = self.plan.confirm, self.plan.rank_by
-        if confirm is None:
-            return
-        result = self._result(cell)
-        best = result.best_per_variant(mode)
-        if not best:
-            return
-        ordered = list(best.values())
+        assert confirm is not None
+        ordered = list(self._result(cell).best_per_variant(mode).values())
+        if not ordered:
+            return []
         fastest = ordered[0].latency_ms(mode) or 0.0
-        chosen = [
+        return [
             r
             for index, r in enumerate(ordered)
             if index < confirm.min_contenders
             or (r.latency_ms(mode) or float("inf")) <= fastest * (1 + confirm.within)
         ]
+
+    def _verdict_key(self, cell: _OpenCell) -> str | None:
+        """The re-measurement this cell still needs, or None when its verdict is stored."""
+        if self.plan.confirm is None:
+            return None
+        labels = [r.config_label() for r in self._contenders(cell)]
+        stored = self._result(cell).verdicts.get(self.plan.rank_by)
+        if not labels or (stored is not None and stored.get("contenders") == labels):
+            return None
+        return store.verdict_key(self.plan.rank_by, labels)
+
+    def _confirm(self, cell: _OpenCell, claim: claims.Claim, worker: TrialWorker) -> None:
+        """Re-measure the contenders in interleaved rounds; store the verdict with its interval."""
+        confirm, mode = self.plan.confirm, self.plan.rank_by
+        assert confirm is not None
+        result = self._result(cell)
+        chosen = self._contenders(cell)
         labels = [r.config_label() for r in chosen]
-        stored = result.verdicts.get(mode)
-        if stored is not None and stored.get("contenders") == labels:
+        if store.verdict_key(mode, labels) != claim.key:  # the contenders changed meanwhile
+            claim.finish(None)
             return
         task = RoundsTask(
             cell=cell.cell,
@@ -267,3 +304,4 @@ class Sweep:
             verdict = decide(contenders).to_dict()
             verdict["contenders"] = labels
             store.write_verdict(cell.study, mode, verdict)
+        claim.finish(None)

@@ -80,6 +80,18 @@ def describe(error: BaseException) -> str:
     return " | ".join(line.strip() for line in text.splitlines()[:3] if line.strip())[:500]
 
 
+_COMPILE_COUNTERS = ("fxgraph_cache_miss", "fxgraph_cache_hit")
+
+
+def _compile_counts() -> dict[str, int]:
+    """Inductor's graph-cache counters in this process so far (none before dynamo is used)."""
+    if "torch._dynamo" not in sys.modules:
+        return {}
+    from torch._dynamo.utils import counters
+
+    return {name: int(counters["inductor"][name]) for name in _COMPILE_COUNTERS}
+
+
 def _is_compile_error(error: BaseException) -> bool:
     module = type(error).__module__ or ""
     return module.startswith(("torch._dynamo", "torch._inductor", "torch.utils.cpp_extension"))
@@ -89,6 +101,7 @@ def run_trial(task: TrialTask) -> TrialRecord:
     """Measure one configuration; failures become statuses, never exceptions."""
     start = time.perf_counter()
     record = task.new_record(Status.PASSED)
+    compiles_before = _compile_counts()
     try:
         _measure(task, record)
     except GateFailure as failure:
@@ -96,6 +109,8 @@ def run_trial(task: TrialTask) -> TrialRecord:
     except Exception as error:
         record.status, record.message = Status.RUNTIME_ERROR, describe(error)
         traceback.print_exc(file=sys.stderr)
+    after = _compile_counts()
+    record.compiles = {k: after.get(k, 0) - compiles_before.get(k, 0) for k in _COMPILE_COUNTERS}
     if not record.passed:
         _INPUTS.drop()  # the sets may have been written to; the next trial makes new ones
     record.trial_s = time.perf_counter() - start

@@ -1,0 +1,173 @@
+"""Many workers on one storage: local workers started by `sweep --workers N` (one per device),
+workers that join a planned sweep from any host (`fusionlab worker`), and where a sweep stands
+(`fusionlab status`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.storages import BaseStorage
+
+from fusionlab.cell import Cell
+from fusionlab.devices import Device, unavailable_reason
+from fusionlab.errors import UserError
+from fusionlab.plan import SweepPlan, plan_from_dict
+from fusionlab.search import claims
+from fusionlab.search import results_store as store
+from fusionlab.search.storage import is_parallel_safe
+
+CORES_ENV = "FUSIONLAB_CPU_CORES"  # a pinned CPU worker's cores, e.g. "0,1"
+
+CPU_SHARING_NOTE = (
+    "{count} workers share this CPU: each one's timing is disturbed by the others' work, so "
+    "numbers are not comparable with a one-worker sweep; --pin gives each worker its own cores "
+    "(memory bandwidth and the last-level cache stay shared)"
+)
+
+
+def check_worker_count(device: Device, count: int, pin: bool, url: str) -> str | None:
+    """Refuse what cannot work; returns a warning to print for what works but disturbs timing."""
+    if count < 1:
+        raise UserError(f"--workers must be at least 1 (got {count})")
+    if pin and device.type != "cpu":
+        raise UserError("--pin only applies to cpu workers (other devices get one device each)")
+    if count == 1:
+        return None
+    unsafe = is_parallel_safe(url)
+    if unsafe:
+        raise UserError(unsafe)
+    if device.type == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        if pin and count > cores:
+            raise UserError(f"--pin needs a core per worker: {count} workers, {cores} cores here")
+        return None if pin else CPU_SHARING_NOTE.format(count=count)
+    available = device.device_count()
+    if count > available:
+        raise UserError(
+            f"--workers {count} needs {count} {device.type} devices and {available} are visible "
+            "here: lower --workers"
+        )
+    return None
+
+
+def worker_envs(device: Device, count: int, pin: bool) -> list[dict[str, str]]:
+    """Environment for each local worker: its own device, or its own CPU cores when pinned."""
+    if device.type != "cpu":
+        return [device.visible_env(index) for index in range(count)]
+    if not pin:
+        return [{} for _ in range(count)]
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // count
+    return [
+        {CORES_ENV: ",".join(str(c) for c in cores[index * share : (index + 1) * share])}
+        for index in range(count)
+    ]
+
+
+def pin_to_env_cores() -> None:
+    """Run on the cores named in FUSIONLAB_CPU_CORES (children inherit them), with as many
+    threads as cores."""
+    text = os.environ.get(CORES_ENV)
+    if not text:
+        return
+    cores = {int(core) for core in text.split(",")}
+    os.sched_setaffinity(0, cores)
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    import torch
+
+    torch.set_num_threads(len(cores))
+
+
+def start_local_workers(
+    url: str, op: str, device: Device, count: int, pin: bool
+) -> list[subprocess.Popen]:
+    """`fusionlab worker` processes on this host, one per device (or core group)."""
+    command = [sys.executable, "-m", "fusionlab.cli", "worker", "--storage", url, "--op", op]
+    return [
+        subprocess.Popen(command, env={**os.environ, **env})
+        for env in worker_envs(device, count, pin)
+    ]
+
+
+@dataclass
+class JoinedPlan:
+    """A plan this host can work on, and the cells of it that storage holds."""
+
+    plan: SweepPlan
+    cells: list[Cell]
+
+
+def joinable_plans(
+    storage: BaseStorage, url: str, op: str | None, note: Callable[[str], None]
+) -> list[JoinedPlan]:
+    """Every sweep planned in the storage that this host can measure; says why it skips others."""
+    unsafe = is_parallel_safe(url)
+    if unsafe:
+        raise UserError(unsafe)
+    by_plan: dict[str, list[Cell]] = {}
+    plans: dict[str, dict] = {}
+    for cell, plan in store.planned_cells(storage):
+        if op is None or cell.op == op:
+            key = json.dumps(plan, sort_keys=True)
+            plans[key] = plan
+            by_plan.setdefault(key, []).append(cell)
+    if not plans:
+        what = f"of {op} " if op else ""
+        raise UserError(
+            f"no sweep {what}is planned in {url}: start one with `fusionlab sweep OP --storage "
+            f"{url}`, then join it"
+        )
+    joined = []
+    for key, data in plans.items():
+        reason = unavailable_reason(data["device"])
+        if reason is not None:
+            note(f"skipping the {data['op']} sweep on {data['device']}: {reason}")
+            continue
+        plan = plan_from_dict(data)
+        mine = {store.study_name(c) for c in plan.cells()}
+        stored = by_plan[key]
+        if not any(store.study_name(c) in mine for c in stored):
+            sample = stored[0]
+            note(
+                f"skipping the {data['op']} sweep on {sample.device_name}: this host is "
+                f"{plan.device.hardware_name()} with toolchain {plan.cells()[0].toolchain_id}, "
+                f"the sweep's is {sample.toolchain_id}; install the same versions to join it"
+            )
+            continue
+        joined.append(JoinedPlan(plan, [c for c in stored if store.study_name(c) in mine]))
+    if not joined:
+        raise UserError(f"nothing in {url} can be measured on this host (see the notes above)")
+    return joined
+
+
+def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]:
+    """One row per planned cell: measured, running (by whom), waiting, verdict."""
+    rows = []
+    for cell, plan in store.planned_cells(storage):
+        if op is not None and cell.op != op:
+            continue
+        study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
+        status = claims.status(study)
+        result = store.cell_from_study(study.user_attrs, [])
+        verdict = result.verdicts.get(plan["rank_by"]) if result else None
+        running = ", ".join(f"{worker} ({n})" for worker, n in sorted(status.running.items()))
+        rows.append(
+            {
+                "op": cell.op,
+                "device": cell.device_name,
+                "cell": cell.label,
+                "measured": sum(
+                    not store.is_verdict_key(key) for key in claims.done_keys(study)
+                ),
+                "running": running or "-",
+                "waiting": status.waiting,
+                "verdict": verdict["winner"] if verdict else "-",
+            }
+        )
+    return rows
