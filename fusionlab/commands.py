@@ -167,8 +167,8 @@ def worker_command(args: argparse.Namespace) -> int:
         _progress(record, index, total, prefix=f"{me} ")
 
     measured = 0
-    for entry in joined:
-        runner = Sweep(entry.plan, storage, progress, lambda text: say(f"{me}: {text}"))
+    for plan in joined:
+        runner = Sweep(plan, storage, progress, lambda text: say(f"{me}: {text}"))
         runner.run()
         measured += len(runner.measured_here)
         if runner.interrupted:

@@ -44,13 +44,14 @@ def verdict_key(mode: str, contenders: list[str]) -> str:
     return f"{_VERDICT_KEY}{mode}:{json.dumps(contenders)}"
 
 
-def is_verdict_key(key: str) -> bool:
-    return key.startswith(_VERDICT_KEY)
+def is_verdict_key(key: str, mode: str | None = None) -> bool:
+    """Whether a claim key is a re-measurement (of that rank mode, when given)."""
+    return key.startswith(_VERDICT_KEY if mode is None else f"{_VERDICT_KEY}{mode}:")
 
 
 def result_attrs(record: TrialRecord) -> dict[str, Any]:
-    """The user attributes a claimed trial ends with (its config key, search/claims.py's
-    `config` attr, it was enqueued with)."""
+    """The user attributes a claimed trial ends with (its config key, the `config` attr of
+    search/claims.py, was written when it was enqueued)."""
     return {RECORD_ATTR: record.to_dict()}
 
 

@@ -13,7 +13,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import optuna
 from optuna.storages import BaseStorage
@@ -46,6 +46,11 @@ def lease_from_env() -> claims.Lease:
     return claims.Lease(seconds=seconds, renew_s=seconds / 4)
 
 
+def measured_count(study: optuna.Study) -> int:
+    """Configurations measured in a cell so far, by any runner (re-measurements not counted)."""
+    return sum(not store.is_verdict_key(key) for key in claims.done_keys(study))
+
+
 @dataclass
 class _OpenCell:
     cell: Cell
@@ -53,11 +58,11 @@ class _OpenCell:
     space: CellSpace
     exhaustive: bool
     budget: int  # configurations to measure in all, whoever measures them
+    planned: list[tuple[str, dict[str, object]]]  # enqueued up front (re-planned if lost)
     attempts: int = 0
-    planned: list[tuple[str, dict[str, object]]] = field(default_factory=list)
 
     def measured(self) -> int:
-        return sum(not store.is_verdict_key(key) for key in claims.done_keys(self.study))
+        return measured_count(self.study)
 
 
 class Sweep:
@@ -116,16 +121,16 @@ class Sweep:
         budget = len(valid) if exhaustive else self.plan.trials
         if finite:
             budget = min(budget, len(valid))
-        opened = _OpenCell(cell, study, CellSpace(variants, study), exhaustive, budget)
         if exhaustive:
             chosen = valid
         else:
             # Every variant is measured at least once (its first valid configuration) before TPE
             # spends the rest of the budget, so baselines are never left out by chance.
             chosen = list({c.variant: c for c in reversed(valid)}.values())[:budget]
-        opened.planned = [(c.key, opened.space.enqueue_params(c)) for c in chosen]
-        claims.plan_cell(study, opened.planned)
-        return opened
+        space = CellSpace(variants, study)
+        planned = [(c.key, space.enqueue_params(c)) for c in chosen]
+        claims.plan_cell(study, planned)
+        return _OpenCell(cell, study, space, exhaustive, budget, planned)
 
     def open(self) -> None:
         """Create every cell's study and enqueue its configurations (idempotent, race-safe)."""
@@ -185,7 +190,7 @@ class Sweep:
         """Whether a waiting configuration is one of this plan's (another plan of the same
         cell may name other variants)."""
         if store.is_verdict_key(key):
-            return key.startswith(store.verdict_key(self.plan.rank_by, []).removesuffix("[]"))
+            return store.is_verdict_key(key, self.plan.rank_by)
         config = json.loads(key)
         variant = cell.space.variants.get(config["variant"])
         return variant is not None and (
@@ -235,12 +240,12 @@ class Sweep:
             total = sum(c.budget for c in self._cells)
             self.progress(record, done, max(total, done))
 
-    def _contenders(self, cell: _OpenCell) -> list[TrialRecord]:
+    def _contenders(self, result: CellResult) -> list[TrialRecord]:
         """The best configuration of every variant within `within` of the fastest (at least
         `min_contenders`)."""
         confirm, mode = self.plan.confirm, self.plan.rank_by
         assert confirm is not None
-        ordered = list(self._result(cell).best_per_variant(mode).values())
+        ordered = list(result.best_per_variant(mode).values())
         if not ordered:
             return []
         fastest = ordered[0].latency_ms(mode) or 0.0
@@ -255,8 +260,9 @@ class Sweep:
         """The re-measurement this cell still needs, or None when its verdict is stored."""
         if self.plan.confirm is None:
             return None
-        labels = [r.config_label() for r in self._contenders(cell)]
-        stored = self._result(cell).verdicts.get(self.plan.rank_by)
+        result = self._result(cell)
+        labels = [r.config_label() for r in self._contenders(result)]
+        stored = result.verdicts.get(self.plan.rank_by)
         if not labels or (stored is not None and stored.get("contenders") == labels):
             return None
         return store.verdict_key(self.plan.rank_by, labels)
@@ -266,7 +272,7 @@ class Sweep:
         confirm, mode = self.plan.confirm, self.plan.rank_by
         assert confirm is not None
         result = self._result(cell)
-        chosen = self._contenders(cell)
+        chosen = self._contenders(result)
         labels = [r.config_label() for r in chosen]
         if store.verdict_key(mode, labels) != claim.key:  # the contenders changed meanwhile
             claim.finish(None)

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import optuna
 from optuna.storages import BaseStorage
@@ -20,6 +19,7 @@ from fusionlab.errors import UserError
 from fusionlab.plan import SweepPlan, plan_from_dict
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
+from fusionlab.search.runner import measured_count
 from fusionlab.search.storage import is_parallel_safe
 
 CORES_ENV = "FUSIONLAB_CPU_CORES"  # a pinned CPU worker's cores, e.g. "0,1"
@@ -95,17 +95,9 @@ def start_local_workers(
     ]
 
 
-@dataclass
-class JoinedPlan:
-    """A plan this host can work on, and the cells of it that storage holds."""
-
-    plan: SweepPlan
-    cells: list[Cell]
-
-
 def joinable_plans(
     storage: BaseStorage, url: str, op: str | None, note: Callable[[str], None]
-) -> list[JoinedPlan]:
+) -> list[SweepPlan]:
     """Every sweep planned in the storage that this host can measure; says why it skips others."""
     unsafe = is_parallel_safe(url)
     if unsafe:
@@ -130,17 +122,17 @@ def joinable_plans(
             note(f"skipping the {data['op']} sweep on {data['device']}: {reason}")
             continue
         plan = plan_from_dict(data)
-        mine = {store.study_name(c) for c in plan.cells()}
-        stored = by_plan[key]
-        if not any(store.study_name(c) in mine for c in stored):
-            sample = stored[0]
+        here = plan.cells()
+        mine = {store.study_name(c) for c in here}
+        if not any(store.study_name(c) in mine for c in by_plan[key]):
+            sample = by_plan[key][0]
             note(
                 f"skipping the {data['op']} sweep on {sample.device_name}: this host is "
-                f"{plan.device.hardware_name()} with toolchain {plan.cells()[0].toolchain_id}, "
+                f"{plan.device.hardware_name()} with toolchain {here[0].toolchain_id}, "
                 f"the sweep's is {sample.toolchain_id}; install the same versions to join it"
             )
             continue
-        joined.append(JoinedPlan(plan, [c for c in stored if store.study_name(c) in mine]))
+        joined.append(plan)
     if not joined:
         raise UserError(f"nothing in {url} can be measured on this host (see the notes above)")
     return joined
@@ -154,17 +146,14 @@ def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]
             continue
         study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
         status = claims.status(study)
-        result = store.cell_from_study(study.user_attrs, [])
-        verdict = result.verdicts.get(plan["rank_by"]) if result else None
+        verdict = study.user_attrs.get(store.VERDICT_ATTR, {}).get(plan["rank_by"])
         running = ", ".join(f"{worker} ({n})" for worker, n in sorted(status.running.items()))
         rows.append(
             {
                 "op": cell.op,
                 "device": cell.device_name,
                 "cell": cell.label,
-                "measured": sum(
-                    not store.is_verdict_key(key) for key in claims.done_keys(study)
-                ),
+                "measured": measured_count(study),
                 "running": running or "-",
                 "waiting": status.waiting,
                 "verdict": verdict["winner"] if verdict else "-",
