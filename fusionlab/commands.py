@@ -168,7 +168,7 @@ def worker_command(args: argparse.Namespace) -> int:
 
     measured = 0
     for plan in joined:
-        runner = Sweep(plan, storage, progress, lambda text: say(f"{me}: {text}"))
+        runner = Sweep(plan, storage, progress, lambda text: say(f"{me}: {text}"), spread=True)
         runner.run()
         measured += len(runner.measured_here)
         if runner.interrupted:

@@ -168,15 +168,16 @@ def _enqueue(study: optuna.Study, key: str, params: dict[str, Any], **attrs: Any
     study.enqueue_trial(params, user_attrs={CONFIG: key, **attrs})
 
 
-def plan_cell(study: optuna.Study, configs: Configs) -> int:
+def plan_cell(study: optuna.Study, configs: Configs, spread: bool = True) -> int:
     """Enqueue every configuration that has no live trial; returns how many were enqueued.
 
-    Each planner starts at a random offset and re-reads between chunks, so planners started
-    together mostly enqueue different configurations; the twins left are resolved at claim time.
+    With `spread` each planner starts at a random offset and re-reads between chunks, so
+    planners started together mostly enqueue different configurations; the twins left are
+    resolved at claim time. Without it the configurations are enqueued in the given order.
     """
     if not configs:
         return 0
-    start = random.randrange(len(configs))
+    start = random.randrange(len(configs)) if spread else 0
     order = [*configs[start:], *configs[:start]]
     enqueued = 0
     for begin in range(0, len(order), _PLAN_CHUNK):
@@ -292,11 +293,14 @@ def claim_next(
     worker: str | None = None,
     lease: Lease = Lease(),
     accept: Callable[[str], bool] | None = None,
+    spread: bool = True,
 ) -> Claim | None:
     """Claim a configuration this worker alone will measure; None when nothing waits now.
 
     `accept` limits the claim to configurations this worker can measure (a worker whose plan
-    names fewer variants leaves the others' configurations waiting for someone else)."""
+    names fewer variants leaves the others' configurations waiting for someone else).
+    `spread` starts at a random waiting trial, so workers that start together mostly claim
+    different ones; without it the claim follows the plan's order."""
     worker = worker or worker_name()
     while True:
         waiting = [
@@ -311,7 +315,7 @@ def claim_next(
             return None
         # Workers that start together would all try the first WAITING trial; a random start
         # spreads them so most first tries win. A lost try means another worker progressed.
-        start = random.randrange(len(waiting))
+        start = random.randrange(len(waiting)) if spread else 0
         for trial_id in waiting[start:] + waiting[:start]:
             try:
                 if not study._storage.set_trial_state_values(trial_id, TrialState.RUNNING):

@@ -75,12 +75,16 @@ class Sweep:
         progress: Progress | None = None,
         notice: Notice | None = None,
         lease: claims.Lease | None = None,
+        spread: bool = False,
     ) -> None:
+        """`spread`: plan and claim configurations from a random start (for workers started
+        together); without it one runner measures them in the plan's order."""
         self.plan = plan
         self.storage = storage
         self.progress = progress or (lambda record, index, total: None)
         self.notice = notice or (lambda text: None)
         self.lease = lease or lease_from_env()
+        self.spread = spread
         self.me = claims.worker_name()
         self.interrupted = False
         self.measured_here: list[str] = []
@@ -129,7 +133,7 @@ class Sweep:
             chosen = list({c.variant: c for c in reversed(valid)}.values())[:budget]
         space = CellSpace(variants, study)
         planned = [(c.key, space.enqueue_params(c)) for c in chosen]
-        claims.plan_cell(study, planned)
+        claims.plan_cell(study, planned, self.spread)
         return _OpenCell(cell, study, space, exhaustive, budget, planned)
 
     def open(self) -> None:
@@ -168,7 +172,11 @@ class Sweep:
         """Measure what this cell has left to claim; True once nothing is left for anyone."""
         while True:
             claim = claims.claim_next(
-                cell.study, self.me, self.lease, lambda key: self._can_measure(cell, key)
+                cell.study,
+                self.me,
+                self.lease,
+                lambda key: self._can_measure(cell, key),
+                spread=self.spread,
             )
             if claim is not None:
                 with claim:
@@ -180,10 +188,10 @@ class Sweep:
                 return False  # another runner holds a claim here; look again later
             # A taker-over that died between its PRUNED and its enqueue left a configuration
             # with no live trial: planning again brings it back.
-            if claims.plan_cell(cell.study, cell.planned):
+            if claims.plan_cell(cell.study, cell.planned, self.spread):
                 continue
             key = self._verdict_key(cell)
-            if key is None or not claims.plan_cell(cell.study, [(key, {})]):
+            if key is None or not claims.plan_cell(cell.study, [(key, {})], self.spread):
                 return True
 
     def _can_measure(self, cell: _OpenCell, key: str) -> bool:

@@ -167,3 +167,15 @@ def test_tpe_proposals_are_deduped_and_claimed_once(url: str) -> None:
         assert claim.finish(float(claim.trial.suggest_int("x", 0, 3)))
         measured.append(claim.key)
     assert sorted(measured) == sorted(fresh)
+
+
+def test_one_runner_claims_in_plan_order(url: str) -> None:
+    study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
+    configs = _configs(8)
+    claims.plan_cell(study, configs, spread=False)
+    in_order = []
+    while (claim := claims.claim_next(study, "me:1", LEASE, spread=False)) is not None:
+        with claim:
+            claim.finish(0.0, {})
+        in_order.append(claim.key)
+    assert in_order == [key for key, _ in configs]

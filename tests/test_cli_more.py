@@ -35,8 +35,10 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
-    for line in process.stderr:  # wait until naive is stored and `hangs` is running
+    # One runner claims in the plan's order: naive is stored first, then `hangs` runs.
+    for line in process.stderr:
         if "] 2x64" in line:
+            assert "naive" in line, line
             break
     time.sleep(1.0)
     process.send_signal(signal.SIGINT)

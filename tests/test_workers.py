@@ -100,9 +100,12 @@ def test_workers_measure_the_one_worker_configuration_set_once(url: str, tmp_pat
     assert many.stdout.count("fastest") == 1
     for study in _cells(url):
         assert study.user_attrs[store.VERDICT_ATTR]["cold"]["winner"]
+        # Planners racing may enqueue the re-measurement twice; the claim rule ends the twin
+        # unmeasured (duplicate_of), so exactly one trial of it ran.
         verdicts = [
             t for t in study.get_trials(deepcopy=False)
             if store.is_verdict_key(t.user_attrs.get("config", ""))
+            and "duplicate_of" not in t.user_attrs
         ]
         assert len(verdicts) == 1, "a cell's re-measurement ran more than once"
 
