@@ -117,6 +117,7 @@ def sweep(args: argparse.Namespace) -> int:
         say(f"warning: {warning}")
     if args.workers == 1:
         cells = runner.run()
+        _say_time_split(runner)
     else:
         runner.open()  # planned here, so every worker finds the whole sweep
         say(f"{args.workers} workers on {url}; `fusionlab status --storage {url}` shows them")
@@ -137,6 +138,18 @@ def sweep(args: argparse.Namespace) -> int:
         say("interrupted: everything measured so far is stored; run the same command to resume")
         return 130
     return 0
+
+
+def _say_time_split(runner: Sweep) -> None:
+    """What the re-measurement added: its wall time over the search's."""
+    if not runner.measured_here or not runner.confirmed_here:
+        return
+    share = 100 * runner.confirm_s / runner.search_s if runner.search_s else 0.0
+    say(
+        f"measured {len(runner.measured_here)} configurations in {runner.search_s:.1f} s; "
+        f"re-measuring {runner.confirmed_here} cells took {runner.confirm_s:.1f} s more "
+        f"(+{share:.0f}%)"
+    )
 
 
 def _wait_for_workers(workers: list[subprocess.Popen]) -> bool:

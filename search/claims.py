@@ -420,38 +420,6 @@ def status(study: optuna.Study) -> Status:
     )
 
 
-def work_cell(
-    study: optuna.Study,
-    configs: Configs,
-    measure: Callable[[Claim], tuple[float | None, dict[str, Any]]],
-    worker: str | None = None,
-    lease: Lease = Lease(),
-) -> list[str]:
-    """The worker loop: plan, claim and measure until every configuration is done by someone.
-
-    Returns the keys this worker measured. While others hold the last claims it waits, so that
-    it can take over a claim whose holder died.
-    """
-    worker = worker or worker_name()
-    plan_cell(study, configs)
-    measured: list[str] = []
-    while True:
-        claim = claim_next(study, worker, lease)
-        if claim is None:
-            if anything_running(study):  # wait: a holder may die and leave its claim to us
-                time.sleep(lease.renew_s)
-                continue
-            # A taker-over that died between its PRUNED and its enqueue left a configuration
-            # with no live trial: planning again brings it back.
-            if plan_cell(study, configs):
-                continue
-            return measured
-        with claim:
-            value, attrs = measure(claim)
-            if claim.finish(value, attrs):
-                measured.append(claim.key)
-
-
 def anything_running(study: optuna.Study) -> bool:
     """Whether any worker holds a claim in this cell now."""
     return bool(

@@ -88,6 +88,9 @@ class Sweep:
         self.me = claims.worker_name()
         self.interrupted = False
         self.measured_here: list[str] = []
+        self.search_s = 0.0  # wall time of this runner's measurements of configurations
+        self.confirm_s = 0.0  # and of its interleaved re-measurements
+        self.confirmed_here = 0
         self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
@@ -240,7 +243,9 @@ class Sweep:
             timing=self.plan.timing,
             profiler=self.plan.profiler,
         )
+        start = time.perf_counter()
         record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
+        self.search_s += time.perf_counter() - start
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
@@ -294,7 +299,10 @@ class Sweep:
             timing=confirm.timing,
         )
         self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
+        start = time.perf_counter()
         outcome = worker.run(task, self.plan.timeout_s * max(len(chosen), 1))
+        self.confirm_s += time.perf_counter() - start
+        self.confirmed_here += 1
         variants = cell.space.variants
         first_use = first_use_by_variant(result)
         contenders = []

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -35,6 +36,33 @@ def _study(url: str, name: str, sampler: optuna.samplers.BaseSampler | None = No
     )
 
 
+def _work_cell(
+    study: optuna.Study,
+    configs: list[tuple[str, dict[str, Any]]],
+    measure: Callable[[claims.Claim], tuple[float | None, dict[str, Any]]],
+    lease: claims.Lease,
+) -> list[str]:
+    """The protocol's worker loop, as search/runner.py runs it: plan, claim and measure until
+    every configuration is done by someone, waiting while others hold the last claims (a holder
+    may die and leave its claim to this worker). Returns the keys this worker measured."""
+    worker = claims.worker_name()
+    claims.plan_cell(study, configs)
+    measured: list[str] = []
+    while True:
+        claim = claims.claim_next(study, worker, lease)
+        if claim is None:
+            if claims.anything_running(study):
+                time.sleep(lease.renew_s)
+                continue
+            if claims.plan_cell(study, configs):  # a taker-over died before re-enqueueing
+                continue
+            return measured
+        with claim:
+            value, attrs = measure(claim)
+            if claim.finish(value, attrs):
+                measured.append(claim.key)
+
+
 def _worker(url: str, name: str, n: int, barrier: Any, hung: Any = None) -> None:
     """Child: plan the cell and measure configurations (a few ms each, recording its pid).
 
@@ -53,7 +81,7 @@ def _worker(url: str, name: str, n: int, barrier: Any, hung: Any = None) -> None
         time.sleep(0.005)
         return float(x), {"pid": os.getpid()}
 
-    claims.work_cell(study, _configs(n), measure, lease=LEASE)
+    _work_cell(study, _configs(n), measure, LEASE)
 
 
 @pytest.fixture(params=["postgres", "journal"])

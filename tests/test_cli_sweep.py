@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import re
 import sqlite3
 from html.parser import HTMLParser
 from pathlib import Path
@@ -52,6 +53,9 @@ def test_misbehaving_variants_are_recorded_and_never_win(swept) -> None:
         assert float(row["% fresh copy"]) > 0 and float(row["% in-place copy"]) > 0
         assert row["decision"] in {"tie", "confident"} and "[" in row["runner-up/winner [95% CI]"]
     assert "SIGABRT" in output and "TIMEOUT" in output and "INCORRECT" in output
+    # What the re-measurement added to the search, for both cells, in wall time.
+    assert re.search(r"measured 10 configurations in [\d.]+ s; re-measuring 2 cells took "
+                     r"[\d.]+ s more \(\+\d+%\)", output), output
 
 
 def test_rerun_resumes_without_measuring(swept) -> None:
@@ -61,6 +65,7 @@ def test_rerun_resumes_without_measuring(swept) -> None:
     assert again.returncode == 0, again.stderr
     assert _trial_count(folder / "results.db") == before
     assert "] 2x64" not in again.stderr  # no progress line: nothing was measured
+    assert "re-measuring" not in again.stderr
     assert "fastest" in again.stdout
 
 
