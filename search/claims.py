@@ -322,7 +322,11 @@ def claim_next(
                     continue
             except UpdateFinishedTrialError:
                 continue
-            claim = _resolve_twins(study, trial_id, worker, lease)
+            try:
+                claim = _resolve_twins(study, trial_id, worker, lease)
+            except BaseException:  # Ctrl-C between the pop and the claim: give the trial back
+                _take_back(study, study._storage.get_trial(trial_id), "released")
+                raise
             if claim is not None:
                 return claim
 

@@ -207,3 +207,19 @@ def test_one_runner_claims_in_plan_order(url: str) -> None:
             claim.finish(0.0, {})
         in_order.append(claim.key)
     assert in_order == [key for key, _ in configs]
+
+
+def test_ctrl_c_between_the_pop_and_the_claim_gives_the_trial_back(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
+    claims.plan_cell(study, _configs(1))
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # arrives after WAITING->RUNNING, before the claim exists
+
+    monkeypatch.setattr(claims, "Claim", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        claims.claim_next(study, "me:1", LEASE)
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states == [TrialState.PRUNED, TrialState.WAITING]  # released, then re-enqueued
