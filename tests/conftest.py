@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,13 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
         [sys.executable, "-m", "fusionlab.cli", *args],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+def interruptible() -> None:
+    """Popen's preexec_fn for a command the test stops with SIGINT, as a terminal's Ctrl-C does:
+    a shell that starts the tests in the background hands them SIGINT ignored, and Python then
+    never turns SIGINT into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.fixture

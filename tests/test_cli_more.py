@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import PLUGINS, run_cli
+from conftest import PLUGINS, interruptible, run_cli
 
 
 def test_compare_prints_tables_verdicts_and_writes_traces(tmp_path: Path) -> None:
@@ -33,7 +33,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
                "--shapes", "2x64", "--variants", "naive,hangs", "--plugin",
                str(PLUGINS / "misbehaving.py"), "--storage", f"sqlite:///{db}"]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     assert process.stderr is not None
     # One runner claims in the plan's order: naive is stored first, then `hangs` runs.
     for line in process.stderr:

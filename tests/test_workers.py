@@ -14,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from conftest import interruptible
 from optuna.trial import TrialState
 from pg_cluster import fresh_postgres_url, postgres_url  # noqa: F401  (fixtures)
 
@@ -48,6 +49,7 @@ def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env or _env(),
+        preexec_fn=interruptible,
     )
 
 
