@@ -144,7 +144,7 @@ def _say_time_split(runner: Sweep) -> None:
     """What the re-measurement added: its wall time over the search's."""
     if not runner.measured_here or not runner.confirmed_here:
         return
-    share = 100 * runner.confirm_s / runner.search_s if runner.search_s else 0.0
+    share = 100 * runner.confirm_s / runner.search_s  # > 0: something was measured here
     say(
         f"measured {len(runner.measured_here)} configurations in {runner.search_s:.1f} s; "
         f"re-measuring {runner.confirmed_here} cells took {runner.confirm_s:.1f} s more "
