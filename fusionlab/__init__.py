@@ -1,5 +1,6 @@
 """fusionlab: which lowering of a normalization kernel is fastest on your device - and why."""
 
+from fusionlab import _checkout  # noqa: F401  (first: it finds kernels/ and search/)
 from fusionlab.api import stored_cells, sweep
 from fusionlab.op import OpSpec, Tolerance
 from fusionlab.plan import make_plan

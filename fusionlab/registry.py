@@ -7,6 +7,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import itertools
+import pkgutil
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -191,7 +192,11 @@ def _validate(variant: Variant) -> None:
 
 
 def _ensure_builtin() -> None:
-    importlib.import_module("fusionlab.kernels")
+    """Import every op folder under kernels/ (each registers its op and variants)."""
+    package = importlib.import_module("fusionlab.kernels")
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.ispkg:
+            importlib.import_module(f"{package.__name__}.{module.name}")
 
 
 def get_op(name: str) -> OpSpec:

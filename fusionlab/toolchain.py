@@ -38,9 +38,9 @@ def _source_files(spec: OpSpec) -> list[Path]:
     path = Path(origin)
     if not module_name.startswith(_BUILTIN_PACKAGE + "."):
         return [path]
-    kernels_root = Path(sys.modules[_BUILTIN_PACKAGE].__file__ or "").parent
+    roots = [Path(folder) for folder in sys.modules[_BUILTIN_PACKAGE].__path__]
     own = [p for p in path.parent.rglob("*") if p.suffix in _SOURCE_SUFFIXES]
-    return [*kernels_root.glob("*.py"), *own]
+    return [*(file for root in roots for file in root.glob("*.py")), *own]
 
 
 def kernel_sources_hash(spec: OpSpec) -> str:
