@@ -15,7 +15,8 @@ from fusionlab.shapes import format_shape
 
 @dataclass(frozen=True)
 class Cell:
-    """(op, device, hardware, toolchain, shape, dtype)."""
+    """(op, device, hardware, toolchain, shape, dtype) and, on the CPU, the thread count the
+    op ran with (0 elsewhere: a GPU or NeuronCore kernel does not depend on host threads)."""
 
     op: str
     device: str
@@ -24,10 +25,16 @@ class Cell:
     dtype: str
     toolchain_id: str = ""
     toolchain: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    threads: int = 0
 
     @property
     def label(self) -> str:
         return f"{format_shape(self.shape)} {self.dtype}"
+
+    @property
+    def device_label(self) -> str:
+        """The hardware, with the thread count where it is part of the cell."""
+        return f"{self.device_name} ({self.threads} threads)" if self.threads else self.device_name
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -44,4 +51,5 @@ class Cell:
             dtype=data["dtype"],
             toolchain_id=data.get("toolchain_id", ""),
             toolchain=dict(data.get("toolchain", {})),
+            threads=int(data.get("threads", 0)),
         )

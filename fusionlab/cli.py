@@ -46,6 +46,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     _add_plugin(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
     parser.add_argument(
+        "--threads",
+        type=int,
+        help="cpu: intra-op threads every trial runs with, recorded in every cell (default: "
+        "what torch uses here; with --pin, the cores each worker gets)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         help="seconds one trial may take, compile included (default: the device's, 300 on "

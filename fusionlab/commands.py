@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from tabulate import tabulate
 
 from fusionlab import plan as planning
 from fusionlab.devices import device_types, get_device, unavailable_reason
+from fusionlab.errors import UserError
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, investigate
@@ -60,7 +62,7 @@ def _progress(record: TrialRecord, index: int, total: int, prefix: str = "") -> 
 
 
 def print_table(cells: list[CellResult], op: str, mode: str, calls: int | None) -> None:
-    devices = sorted({cell.cell.device_name for cell in cells})
+    devices = sorted({cell.cell.device_label for cell in cells})
     rows = best_rows(cells, mode, calls)
     shown = display_rows(rows, op, with_device=len(devices) > 1)
     print(tabulate(shown, headers="keys", tablefmt="simple", disable_numparse=True))
@@ -79,6 +81,19 @@ def print_table(cells: list[CellResult], op: str, mode: str, calls: int | None) 
     print(note)
 
 
+def _threads(args: argparse.Namespace) -> int | None:
+    """--threads as given; pinned workers default to the cores each one gets."""
+    if not getattr(args, "pin", False) or args.workers < 2:
+        return args.threads
+    per_worker = len(os.sched_getaffinity(0)) // args.workers
+    if args.threads is not None and args.threads > per_worker:
+        raise UserError(
+            f"--threads {args.threads} with --pin and {args.workers} workers: each worker gets "
+            f"{per_worker} core(s); lower --threads or --workers"
+        )
+    return args.threads or max(per_worker, 1)
+
+
 def _plan(args: argparse.Namespace) -> planning.SweepPlan:
     options = {
         "fresh": args.fresh,
@@ -87,6 +102,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
         "seed": args.seed,
         "rank_by": args.rank_by,
         "calls": args.calls,
+        "threads": _threads(args),
     }
     return planning.make_plan(
         args.op,
@@ -110,7 +126,7 @@ def sweep(args: argparse.Namespace) -> int:
     storage = open_storage(url)
     runner = Sweep(plan, storage, _progress, say)
     say(
-        f"{args.op} on {plan.device.type}: {plan.device.hardware_name()}, torch {torch.__version__}"
+        f"{args.op} on {plan.device.type}: {plan.device_label}, torch {torch.__version__}"
     )
     say(describe(url))
     if warning:

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device, resolve_device
 from fusionlab.errors import UserError
@@ -71,6 +73,13 @@ class SweepPlan:
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
     confirm: Confirm | None = field(default_factory=Confirm)
     plugins: list[str] = field(default_factory=list)
+    threads: int = 0  # the CPU's intra-op threads every trial runs with (0: not a CPU sweep)
+
+    @property
+    def device_label(self) -> str:
+        """The hardware, with the thread count where it is part of the cells."""
+        name = self.device.hardware_name()
+        return f"{name} ({self.threads} threads)" if self.threads else name
 
     @property
     def spec(self) -> OpSpec:
@@ -106,6 +115,7 @@ class SweepPlan:
                         dtype,
                         toolchain_id(versions),
                         versions,
+                        self.threads,
                     )
                 )
         return result
@@ -120,6 +130,7 @@ def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
         "dtypes": list(plan.dtypes),
         "variants": plan.variants,
         "plugins": [str(Path(path).resolve()) for path in plan.plugins],
+        "threads": plan.threads,
         "trials": plan.trials,
         "exhaustive_limit": plan.exhaustive_limit,
         "timeout_s": plan.timeout_s,
@@ -146,6 +157,7 @@ def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
         seed=data["seed"],
         rank_by=data["rank_by"],
         calls=data["calls"],
+        threads=data.get("threads") or None,
     )
     confirm = data["confirm"]
     if confirm is not None:
@@ -243,6 +255,7 @@ def make_plan(
     _positive("--trials", options.get("trials"))
     _positive("--timeout", options.get("timeout_s"))
     _positive("--calls", options.get("calls"))
+    options["threads"] = resolve_threads(target, options.get("threads"))
     if options.get("rank_by", "cold") not in RANK_MODES:
         raise UserError(f"--rank-by must be one of {', '.join(RANK_MODES)}")
     if options.get("timeout_s") is None:
@@ -260,6 +273,20 @@ def make_plan(
         plugins=list(plugins),
         **options,
     )
+
+
+def resolve_threads(device: Device, threads: int | None) -> int:
+    """The CPU thread count a sweep measures with: as asked, else what torch uses now; 0 for
+    other devices, whose kernels do not depend on host threads."""
+    if device.type != "cpu":
+        if threads is not None:
+            raise UserError(f"--threads applies to cpu sweeps, not {device.type}")
+        return 0
+    if threads is None:
+        return torch.get_num_threads()
+    if threads < 1:
+        raise UserError(f"--threads must be at least 1 (got {threads})")
+    return threads
 
 
 def valid_configs(variant: Variant, shape: Shape, device_type: str) -> list[Params]:

@@ -26,11 +26,12 @@ from fusionlab.toolchain import describe_difference
 
 @dataclass(frozen=True)
 class Choice:
-    """What a key dispatches to and why (`exact`, `nearest`, or `fallback`)."""
+    """What a key dispatches to (`exact`, `nearest`, or `fallback`), and why when it falls back."""
 
     variant: str
     params: dict[str, Any]
     match: str
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class Dispatcher:
         (as vLLM's fused_add_rms_norm does); off by default, since callers keep their inputs."""
         self.spec = get_op(op)
         self._allow_inplace = allow_inplace
-        self._entries: dict[tuple[str, str], list[_Entry]] = {}
+        self._entries: dict[tuple[str, int, str], list[_Entry]] = {}
         if winners is not None:
             self._load_winners_file(winners)
         else:
@@ -66,6 +67,7 @@ class Dispatcher:
                 if winner is not None:
                     self._add(
                         cell.cell.device_name,
+                        cell.cell.threads,
                         cell.cell.dtype,
                         _Entry(
                             cell.cell.shape,
@@ -78,8 +80,8 @@ class Dispatcher:
         self._device_names: dict[str, str] = {}
         self._warned: set[str] = set()
 
-    def _add(self, device_name: str, dtype: str, entry: _Entry) -> None:
-        self._entries.setdefault((device_name, dtype), []).append(entry)
+    def _add(self, device_name: str, threads: int, dtype: str, entry: _Entry) -> None:
+        self._entries.setdefault((device_name, threads, dtype), []).append(entry)
 
     def _load_winners_file(self, path: str) -> None:
         try:
@@ -93,6 +95,7 @@ class Dispatcher:
                     continue  # nothing passed in that cell
                 self._add(
                     row["device"],
+                    int(row.get("threads") or 0),
                     row["dtype"],
                     _Entry(
                         parse_shape(row["shape"]),
@@ -119,26 +122,48 @@ class Dispatcher:
             )
 
     def choose(self, shape: tuple[int, ...], dtype: torch.dtype, device_type: str) -> Choice:
-        """Exact key first; else the op's nearest-match rule; else the op's built-in."""
+        """Exact key first; else the op's nearest-match rule; else the op's built-in. On the CPU
+        only results measured at this process's thread count are used."""
         if device_type not in self._device_names:
             self._device_names[device_type] = get_device(device_type).hardware_name()
+        device_name = self._device_names[device_type]
+        threads = torch.get_num_threads() if device_type == "cpu" else 0
         dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
-        entries = self._entries.get((self._device_names[device_type], dtype_name), [])
+        entries = self._entries.get((device_name, threads, dtype_name), [])
         by_shape = {e.shape: e for e in entries}
         if shape in by_shape:
             match, entry = "exact", by_shape[shape]
         else:
             nearest = self.spec.nearest(shape, list(by_shape))
             if nearest is None:
-                return Choice(self.spec.builtin, {}, "fallback")
+                return Choice(
+                    self.spec.builtin, {}, "fallback",
+                    self._fallback_reason(device_name, threads, dtype_name),
+                )
             match, entry = "nearest", by_shape[nearest]
         self._check_toolchain(entry, device_type)
         return Choice(entry.variant, dict(entry.params), match)
 
+    def _fallback_reason(self, device_name: str, threads: int, dtype_name: str) -> str:
+        """Why nothing matched; a thread-count mismatch is said once as a warning too."""
+        measured = sorted(
+            {t for (name, t, dtype) in self._entries if name == device_name and dtype == dtype_name}
+        )
+        if not measured:
+            return f"no {dtype_name} results on {device_name}"
+        reason = (
+            f"results on {device_name} were measured with {', '.join(map(str, measured))} "
+            f"thread(s) and this process uses {threads}; sweep with --threads {threads}"
+        )
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(f"fusionlab: {self.spec.name}: {reason}", stacklevel=3)
+        return reason
+
     def __call__(self, *inputs: object) -> Any:
         shape, dtype = self.spec.key_of(inputs)
         device_type = next(t.device.type for t in inputs if isinstance(t, torch.Tensor))
-        key = (shape, dtype, device_type)
+        key = (shape, dtype, device_type, torch.get_num_threads())
         kernel = self._kernels.get(key)
         if kernel is None:
             choice = self.choose(shape, dtype, device_type)

@@ -26,7 +26,7 @@ _VERDICT_KEY = "verdict:"  # config keys of re-measurement claims start with thi
 def study_name(cell: Cell) -> str:
     """One study per cell; the toolchain id keeps other toolchains' numbers apart."""
     return (
-        f"{cell.op} | {cell.device_name} | toolchain {cell.toolchain_id} | "
+        f"{cell.op} | {cell.device_label} | toolchain {cell.toolchain_id} | "
         f"{format_shape(cell.shape)} | {cell.dtype}"
     )
 

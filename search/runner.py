@@ -151,7 +151,7 @@ class Sweep:
         modules = sorted(
             {v.factory.__module__ for d in self.plan.dtypes for v in self.plan.cell_variants(d)}
         )
-        with TrialWorker(self.plan.plugins, modules) as worker:
+        with TrialWorker(self.plan.plugins, modules, self.plan.threads) as worker:
             try:
                 pending = list(self._cells)
                 while pending:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-import torch
-
 from fusionlab.devices import Device, register_device
 
 _FALLBACK_CACHE_BYTES = 32 * 2**20  # when sysfs does not say
@@ -59,7 +57,7 @@ class CpuDevice(Device):
     )
 
     def hardware_name(self) -> str:
-        return f"{_cpu_model()} ({torch.get_num_threads()} threads)"
+        return _cpu_model()
 
     def cache_bytes(self) -> int:
         return cpu_llc_bytes() or _FALLBACK_CACHE_BYTES

@@ -17,12 +17,18 @@ from fusionlab.records import Status
 _READY_TIMEOUT_S = 300.0
 
 
-def _serve(conn: Connection, plugins: list[str], modules: list[str], log_path: str) -> None:
+def _serve(
+    conn: Connection, plugins: list[str], modules: list[str], log_path: str, threads: int
+) -> None:
     """Worker main loop: load the same variants as the parent, then run tasks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     from fusionlab.registry import ensure_variant_module, load_entry_points, load_plugin
 
     load_entry_points()
@@ -49,9 +55,16 @@ class Task(Protocol):
 class TrialWorker:
     """Runs tasks in a child process with a per-task timeout."""
 
-    def __init__(self, plugins: list[str] | None = None, modules: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        plugins: list[str] | None = None,
+        modules: list[str] | None = None,
+        threads: int = 0,
+    ) -> None:
+        """`threads`: the CPU intra-op threads every task runs with (0: torch's default)."""
         self._plugins = list(plugins or [])
         self._modules = list(modules or [])
+        self._threads = threads
         self._context = multiprocessing.get_context("spawn")
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -61,7 +74,9 @@ class TrialWorker:
     def _start(self) -> Connection:
         parent, child = self._context.Pipe()
         process = self._context.Process(
-            target=_serve, args=(child, self._plugins, self._modules, self.log_path), daemon=True
+            target=_serve,
+            args=(child, self._plugins, self._modules, self.log_path, self._threads),
+            daemon=True,
         )
         process.start()
         child.close()

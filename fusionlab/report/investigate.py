@@ -50,7 +50,7 @@ def _run(
         raise UserError(f"no variant of {args.op} runs {plan.dtypes[0]} on {plan.device.type}")
     (cell,) = cells  # one shape, one dtype
     records = []
-    with TrialWorker(args.plugin) as worker:
+    with TrialWorker(args.plugin, threads=plan.threads) as worker:
         for name, params in configs:
             task = TrialTask(
                 cell=cell,
@@ -134,7 +134,7 @@ def _report(
     spec, device = get_op(args.op), plan.device
     (shape,), (dtype,) = plan.shapes, plan.dtypes
     print(
-        f"{args.op} {format_shape(shape)} {dtype} on {device.type}: {device.hardware_name()}, "
+        f"{args.op} {format_shape(shape)} {dtype} on {device.type}: {plan.device_label}, "
         f"torch {torch.__version__}"
     )
     print(
@@ -182,6 +182,7 @@ def _plan(args: argparse.Namespace, variants: str | None) -> planning.SweepPlan:
         args.plugin,
         timeout_s=args.timeout,
         seed=args.seed,
+        threads=args.threads,
     )
 
 

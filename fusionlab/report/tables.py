@@ -79,6 +79,7 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     row: dict[str, Any] = {column.key: None for column in columns()}
     row.update(
         device=cell.cell.device_name,
+        threads=cell.cell.threads,
         shape=format_shape(cell.cell.shape),
         dtype=cell.cell.dtype,
         fastest="none passed",

@@ -1,0 +1,90 @@
+"""The CPU thread count is a dimension of every cell: set with --threads (default: what torch
+uses), applied in the measuring process, recorded, and looked up by the Dispatcher."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import PLUGINS, run_cli
+
+from fusionlab import Dispatcher
+from fusionlab.search.results_store import load_cells
+from fusionlab.search.storage import open_storage
+
+PROBE = str(PLUGINS / "threads_probe.py")
+
+
+def _sweep(tmp_path: Path, url: str, *extra: str) -> None:
+    result = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "4x256", "--variants",
+                     "threads-probe,builtin", "--plugin", PROBE, "--storage", url, *extra,
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_threads_are_applied_recorded_and_dispatched_on(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = tmp_path / "threads.txt"
+    monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
+    url = f"sqlite:///{tmp_path / 'threads.db'}"
+    _sweep(tmp_path, url, "--threads", "1")
+    assert set(probe.read_text().split()) == {"1"}
+    probe.unlink()
+    _sweep(tmp_path, url, "--threads", "2")
+    assert set(probe.read_text().split()) == {"2"}
+
+    cells = load_cells(open_storage(url, must_exist=True), "rmsnorm")
+    assert sorted(cell.cell.threads for cell in cells) == [1, 2]
+    assert all(f"({cell.cell.threads} threads)" in cell.cell.device_label for cell in cells)
+
+    dispatch = Dispatcher("rmsnorm", storage=url)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            assert dispatch.choose((4, 256), torch.float32, "cpu").match == "exact"
+        torch.set_num_threads(3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            choice = dispatch.choose((4, 256), torch.float32, "cpu")
+        assert choice.match == "fallback" and "1, 2 thread(s)" in choice.reason
+        assert "--threads 3" in str(caught[0].message)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_sweep_without_threads_uses_torchs_count(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = tmp_path / "threads.txt"
+    monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what torch uses in the command
+    url = f"sqlite:///{tmp_path / 'default.db'}"
+    _sweep(tmp_path, url)
+    (cell,) = load_cells(open_storage(url, must_exist=True), "rmsnorm")
+    assert cell.cell.threads == 1 and set(probe.read_text().split()) == {"1"}
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_threads_below_one_is_refused(tmp_path: Path, value: str) -> None:
+    result = run_cli("sweep", "rmsnorm", "--quick", "--threads", value,
+                     "--storage", f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
+    assert result.returncode == 2 and "--threads must be at least 1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_pinned_workers_measure_every_configuration_once(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = tmp_path / "threads.txt"
+    monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
+    url = f"journal:{tmp_path / 'pinned.journal'}"
+    _sweep(tmp_path, url, "--workers", "2", "--pin")
+    (cell,) = load_cells(open_storage(url, must_exist=True), "rmsnorm")
+    assert cell.cell.threads == 1
+    measured = sorted(r.variant for r in cell.records)
+    assert measured == ["builtin", "threads-probe"], measured
+    assert set(probe.read_text().split()) == {"1"}
