@@ -151,6 +151,8 @@ class Dispatcher:
         )
         if not measured:
             return f"no {dtype_name} results on {device_name}"
+        if threads in measured:
+            return f"no {dtype_name} result matches this shape on {device_name} (op's nearest rule)"
         reason = (
             f"results on {device_name} were measured with {', '.join(map(str, measured))} "
             f"thread(s) and this process uses {threads}; sweep with --threads {threads}"

@@ -47,6 +47,8 @@ def test_threads_are_applied_recorded_and_dispatched_on(tmp_path: Path,
         for threads in (1, 2):
             torch.set_num_threads(threads)
             assert dispatch.choose((4, 256), torch.float32, "cpu").match == "exact"
+            unmatched = dispatch.choose((4, 128), torch.float32, "cpu")
+            assert unmatched.match == "fallback" and "thread" not in unmatched.reason
         torch.set_num_threads(3)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
