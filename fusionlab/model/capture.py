@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from fusionlab.errors import UserError
 from fusionlab.measure.stats import summarise
-from fusionlab.model.models import Step
+from fusionlab.model.models import Step, module_steps
 from fusionlab.model.norms import inspect_norm, norm_op
 from fusionlab.registry import op_names
 from fusionlab.shapes import DTYPES, format_shape, parse_shape
@@ -133,9 +133,11 @@ class Capture:
             ) from None
 
 
-def capture(model: nn.Module, steps: list[Step], *, name: str = "", repeats: int = 20) -> Capture:
-    """Run each step once with hooks (recording every norm call), then time the steps without
-    hooks and each norm call on its own."""
+def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20) -> Capture:
+    """Run the model once with hooks (recording every norm call), then time it without hooks and
+    each norm call on its own. `inputs`: example inputs (a tensor, tuple or dict of keyword
+    arguments), or steps such as `causal_lm_steps(model, tokens)` (prefill and decode)."""
+    steps = inputs if _are_steps(inputs) else module_steps(model, inputs)
     device = _device_of(model)
     recorder = _Recorder(model)
     with recorder.hooks():
@@ -149,6 +151,10 @@ def capture(model: nn.Module, steps: list[Step], *, name: str = "", repeats: int
         norm_us = sum(c.calls * c.call_us for c in calls if c.step == step.name)
         times.append(StepTime(step.name, step_ms, norm_us / 1e3))
     return Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls)
+
+
+def _are_steps(inputs: Any) -> bool:
+    return isinstance(inputs, list) and bool(inputs) and all(isinstance(s, Step) for s in inputs)
 
 
 def _device_of(model: nn.Module) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -92,8 +93,12 @@ def causal_lm_steps(model: nn.Module, tokens: int, seed: int = 0) -> list[Step]:
     def prefill() -> torch.Tensor:
         return model(ids, use_cache=False).logits
 
+    cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else (
+        "past_key_values"
+    )
+
     def decode() -> torch.Tensor:
-        logits = model(next_id, past_key_values=cache, use_cache=True).logits
+        logits = model(next_id, use_cache=True, **{cache_argument: cache}).logits
         cache.crop(-1)  # back to the prompt, so every decode call does the same work
         return logits
 
