@@ -259,3 +259,31 @@ def test_bad_capture_files_are_one_line_exit_2(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         with pytest.raises(UserError, match="is unreadable"):
             patch(model, str(corrupt))
+
+
+def test_a_kernels_layer_repository_kernelizes_the_same_model(llama, tmp_path: Path) -> None:
+    from fusionlab.model.hub import write_layer_repository
+    from kernels import LocalLayerRepository, Mode, kernelize, use_kernel_mapping
+
+    model, _, url = llama
+    reference = _logits(model)
+    load_plugin(str(PLUGINS / "counting_rmsnorm.py"))
+    (CALLS,) = (m.CALLS for n, m in sys.modules.items() if n.startswith(COUNTING_MODULE))
+    winners = _winners(url, tmp_path, fastest="counting")
+    repo = write_layer_repository(tmp_path / "repo", winners={"rmsnorm": winners})
+    mapping = {"RMSNorm": {"cpu": LocalLayerRepository(repo_path=repo, layer_name="RMSNorm")}}
+    with use_kernel_mapping(mapping):
+        kernelize(model, mode=Mode.INFERENCE, device="cpu")
+    norms = [m for m in model.modules() if type(m).__name__ == "LlamaRMSNorm"]
+    try:
+        assert all("forward" in m.__dict__ for m in norms) and len(norms) == 3
+        for got, want in zip(_logits(model), reference, strict=True):  # resolves each key once
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        before = CALLS[0]
+        _logits(model)
+        assert CALLS[0] - before == 3 * 3
+    finally:
+        for module in norms:
+            module.__dict__.pop("forward", None)
+            module.__dict__.pop("_fusionlab_entry", None)
+            module.__dict__.pop("_kernel_repo", None)

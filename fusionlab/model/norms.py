@@ -3,6 +3,7 @@ weight offset), found by probing the module against the candidate formulas on a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -49,9 +50,11 @@ def _eps_of(module: nn.Module) -> float | None:
     return None
 
 
-def inspect_norm(module: nn.Module, x: torch.Tensor) -> NormInfo:
+def inspect_norm(module: nn.Module, x: torch.Tensor,
+                 forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> NormInfo:
     """The module's op, eps and numerics: the candidate formula that reproduces its output on `x`
-    exactly (bit for bit) wins; in float32 the castings round alike, so the class decides."""
+    exactly (bit for bit) wins; in float32 the castings round alike, so the class decides.
+    `forward`: the module's own computation when its forward has been replaced."""
     op = norm_op(module)
     assert op is not None
     eps = _eps_of(module)
@@ -61,7 +64,7 @@ def inspect_norm(module: nn.Module, x: torch.Tensor) -> NormInfo:
         return NormInfo(op, float(eps or 0.0))  # torch's own modules: fused, rounded once
     assert eps is not None
     with torch.no_grad():
-        out = module(x)
+        out = (forward or module)(x)
         if op == "layernorm":
             expected = F.layer_norm(x, (x.shape[-1],), module.weight, module.bias, eps)
             return NormInfo(op, eps, "none" if torch.equal(out, expected) else "unknown")

@@ -65,13 +65,14 @@ def has_autograd(variant: Variant) -> bool:
     return declared if declared is not None else variant.kind in _PURE_TORCH_KINDS
 
 
-class _Module:
+class PatchedModule:
     """One captured module: how to call an op kernel with its parameters, and its dispatch table."""
 
-    def __init__(self, path: str, module: nn.Module, call: NormCall) -> None:
+    def __init__(self, path: str, module: nn.Module, call: NormCall,
+                 original: Callable[..., object] | None = None) -> None:
         self.path, self.module, self.op = path, module, call.op
         self.eps, self.casting, self.offset = call.eps, call.casting, call.offset
-        self.original = module.forward
+        self.original = original or module.forward
         # (shape, dtype) -> the bound kernel call, or None to keep the module's own forward
         self.table: dict[tuple[torch.Size, torch.dtype], Callable[..., object] | None] = {}
         names = get_op(call.op).inputs
@@ -100,7 +101,7 @@ class _Module:
 class PatchHandle:
     """The patched model: `.report()`, `.undo()`, `.benchmark(...)`."""
 
-    def __init__(self, model: nn.Module, modules: list[_Module], rows: list[PatchRow],
+    def __init__(self, model: nn.Module, modules: list[PatchedModule], rows: list[PatchRow],
                  fused: list[str], capture: Capture, winners_source: dict[str, Any]) -> None:
         self.model, self.modules, self.rows, self.fused = model, modules, rows, fused
         self.capture, self.winners_source = capture, winners_source
@@ -137,7 +138,7 @@ class PatchHandle:
         return benchmark(self, steps, runs)
 
 
-def _patched_forward(entry: _Module) -> Callable[..., object]:
+def _patched_forward(entry: PatchedModule) -> Callable[..., object]:
     table, original = entry.table, entry.original
 
     def forward(self: nn.Module, x: torch.Tensor) -> object:
@@ -151,7 +152,7 @@ def _patched_forward(entry: _Module) -> Callable[..., object]:
     return types.MethodType(forward, entry.module)
 
 
-def _resolve_late(entry: _Module, x: torch.Tensor) -> Callable[..., object] | None:
+def _resolve_late(entry: PatchedModule, x: torch.Tensor) -> Callable[..., object] | None:
     assert entry.resolver is not None
     kernel, row = entry.resolver(x)
     if row.match == "fallback":
@@ -185,13 +186,13 @@ def patch(
     if not calls:
         raise UserError("the capture records no replaceable norm module for the ops asked for")
     dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for op in {c.op for c in calls}}
-    modules: dict[str, _Module] = {}
+    modules: dict[str, PatchedModule] = {}
     rows: list[PatchRow] = []
     for call in calls:
         entry = modules.get(call.path)
         if entry is None:
-            entry = modules[call.path] = _Module(call.path, _find(model, call), call)
-            entry.resolver = _resolver(entry, dispatchers[call.op], mode)
+            entry = modules[call.path] = PatchedModule(call.path, _find(model, call), call)
+            entry.resolver = resolver(entry, dispatchers[call.op], mode)
         key = (torch.Size(call.shape), DTYPES[call.dtype])
         if key in entry.table:
             continue
@@ -241,7 +242,7 @@ def _sample(model: nn.Module, call: NormCall) -> torch.Tensor:
     return x.to(dtype=DTYPES[call.dtype], device=call.device)
 
 
-def _resolver(entry: _Module, dispatcher: Dispatcher,
+def resolver(entry: PatchedModule, dispatcher: Dispatcher,
               mode: str) -> Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]]:
     """Choose, build and check the kernel for one key of one module."""
 
@@ -291,13 +292,13 @@ def _variants(op: str) -> list[Variant]:
     return list(variants_of(op).values())
 
 
-def _row(entry: _Module, key: str, choice: Choice) -> PatchRow:
+def _row(entry: PatchedModule, key: str, choice: Choice) -> PatchRow:
     params = ", ".join(f"{k}={v}" for k, v in choice.params.items())
     variant = f"{choice.variant}({params})" if params else choice.variant
     return PatchRow(entry.path, entry.op, key, variant, choice.match, choice.reason)
 
 
-def _disagreement(entry: _Module, kernel: Kernel, x: torch.Tensor) -> str:
+def _disagreement(entry: PatchedModule, kernel: Kernel, x: torch.Tensor) -> str:
     """Why the kernel's output is not the module's own within the dtype tolerance ("" if it is)."""
     tolerance = get_op(entry.op).tolerance(x.dtype)
     with torch.no_grad():
