@@ -49,10 +49,13 @@ def overhead(model: torch.nn.Module, handle: object, url: str) -> list[list[str]
         handle.undo()
         own = per_call_us(lambda: norm(x))
         handle.redo()
+        identity = torch.nn.Identity()
+        bare = per_call_us(lambda: identity(x))
     return [
         ["chosen kernel called directly", f"{direct:.2f}", "-"],
         ["patched table lookup + kernel", f"{bound:.2f}", f"{bound - direct:+.2f}"],
         ["patched module: model.norm(x)", f"{patched:.2f}", f"{patched - direct:+.2f}"],
+        ["  of which any module call costs (nn.Identity)", f"{bare:.2f}", "-"],
         ["fusionlab.Dispatcher(x, w, eps)", f"{dispatched:.2f}", f"{dispatched - direct:+.2f}"],
         ["the model's own module, unpatched", f"{own:.2f}", f"{own - direct:+.2f}"],
     ]
