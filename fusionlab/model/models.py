@@ -88,7 +88,8 @@ def causal_lm_steps(model: nn.Module, tokens: int, seed: int = 0) -> list[Step]:
     ids = torch.randint(0, vocab, (1, tokens), generator=generator)
     next_id = torch.randint(0, vocab, (1, 1), generator=generator)
     with torch.no_grad():
-        cache = model(ids, use_cache=True).past_key_values
+        out = model(ids, use_cache=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]  # transformers 5 / 4
 
     def prefill() -> torch.Tensor:
         return model(ids, use_cache=False).logits
