@@ -35,9 +35,11 @@ def per_call_us(calls: dict[str, Callable[[], object]], loops: int = 500,
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
         call()
-    for _ in range(rounds):
-        for name, call in calls.items():
-            samples[name].append(timeit.timeit(call, number=loops) / loops)
+    names = list(calls)
+    for round_index in range(rounds):
+        start = round_index % len(names)  # each path takes every place in the order in turn
+        for name in names[start:] + names[:start]:
+            samples[name].append(timeit.timeit(calls[name], number=loops) / loops)
     return {name: 1e6 * statistics.median(values) for name, values in samples.items()}
 
 
