@@ -17,7 +17,7 @@ from torch import nn
 from fusionlab.errors import UserError
 from fusionlab.model.capture import Capture, NormCall
 from fusionlab.model.norms import numerics_object
-from fusionlab.registry import Kernel, Variant, get_op, get_variant
+from fusionlab.registry import Kernel, Variant, get_op, get_variant, variants_of
 from fusionlab.runtime import Choice, Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
 from fusionlab.shapes import DTYPES, format_shape
@@ -265,7 +265,7 @@ def resolver(entry: PatchedModule, dispatcher: Dispatcher,
             )
             if not any(
                 supports(v, dtype, entry.casting, entry.offset)
-                for v in _variants(entry.op)
+                for v in variants_of(entry.op).values()
             ):
                 raise UserError(
                     f"{entry.path}: no {entry.op} variant computes its numerics ({numerics}, "
@@ -284,12 +284,6 @@ def resolver(entry: PatchedModule, dispatcher: Dispatcher,
         return kernel, _row(entry, key, choice)
 
     return resolve
-
-
-def _variants(op: str) -> list[Variant]:
-    from fusionlab.registry import variants_of
-
-    return list(variants_of(op).values())
 
 
 def _row(entry: PatchedModule, key: str, choice: Choice) -> PatchRow:
