@@ -59,6 +59,32 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_model_commands(commands: argparse._SubParsersAction) -> None:
+    """The `capture` and `bench-model` subcommands."""
+    cap = commands.add_parser("capture", help="record a model's norm calls, numerics and times")
+    cap.add_argument("--model", required=True,
+                     help="llama-tiny, gemma-tiny or gpt2-tiny: a transformers model made from "
+                     "its config with random weights (no download)")
+    cap.add_argument("--config", help="config overrides, e.g. hidden_size=1024,num_hidden_layers=4")
+    cap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    cap.add_argument("--tokens", type=int, default=128, help="prompt length of the prefill step")
+    cap.add_argument("--seed", type=int, default=0)
+    cap.add_argument("--threads", type=int, help="cpu threads (default: what torch uses)")
+    cap.add_argument("-o", "--output", default="capture.json", help="the capture file to write")
+    _add_plugin(cap)
+
+    bench = commands.add_parser(
+        "bench-model", help="patch a captured model with the winners and time it end to end"
+    )
+    bench.add_argument("--capture", required=True, help="a file written by `fusionlab capture`")
+    bench.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
+    bench.add_argument("--winners", help="a winners file (`fusionlab export OP --format json`)")
+    bench.add_argument("--ops", help="comma-separated ops to patch (default: all captured)")
+    bench.add_argument("--runs", type=int, default=30, help="alternating runs per step")
+    bench.add_argument("--threads", type=int, help="cpu threads (default: the capture's)")
+    _add_plugin(bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fusionlab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -66,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="measure every variant across shapes and dtypes")
     _add_common(sweep)
     sweep.add_argument("--shapes", help="comma-separated, e.g. 1x4096,4x2048x4096")
+    sweep.add_argument(
+        "--from-capture",
+        metavar="FILE",
+        help="sweep exactly the shapes, dtypes and threads a `fusionlab capture` file recorded",
+    )
     sweep.add_argument("--dtypes", help="comma-separated, e.g. float32,bfloat16")
     sweep.add_argument("--variants", help="comma-separated subset of variants (default: all)")
     sweep.add_argument(
@@ -109,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
     _add_plugin(export)
     _add_ranking(export)
+
+    _add_model_commands(commands)
 
     listing = commands.add_parser("list", help="ops and variants, and whether each runs here")
     _add_plugin(listing)

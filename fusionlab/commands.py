@@ -94,7 +94,21 @@ def _threads(args: argparse.Namespace) -> int | None:
     return args.threads or max(per_worker, 1)
 
 
+def _from_capture(args: argparse.Namespace) -> None:
+    """--from-capture fills --shapes, --dtypes and (unless given) --threads from the capture."""
+    if not getattr(args, "from_capture", None):
+        return
+    if args.shapes or args.dtypes:
+        raise UserError("--from-capture sets the shapes and dtypes: drop --shapes/--dtypes")
+    from fusionlab.model.commands import capture_shapes
+
+    args.shapes, args.dtypes, threads = capture_shapes(args.op, args.from_capture)
+    if args.threads is None and not args.pin:
+        args.threads = threads
+
+
 def _plan(args: argparse.Namespace) -> planning.SweepPlan:
+    _from_capture(args)
     options = {
         "fresh": args.fresh,
         "trials": args.trials,
@@ -291,6 +305,8 @@ def list_command(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch a parsed command line."""
+    from fusionlab.model import commands as model_commands
+
     handlers = {
         "sweep": sweep,
         "export": export_command,
@@ -299,5 +315,7 @@ def run(args: argparse.Namespace) -> int:
         "profile": investigate.profile_command,
         "worker": worker_command,
         "status": status_command,
+        "capture": model_commands.capture_command,
+        "bench-model": model_commands.bench_model_command,
     }
     return handlers[args.command](args)

@@ -15,6 +15,7 @@ import torch
 
 from fusionlab.devices import get_device
 from fusionlab.errors import UserError
+from fusionlab.op import key_of_first_input
 from fusionlab.plan import installed_toolchain
 from fusionlab.registry import Kernel, get_op, get_variant
 from fusionlab.report.winners import cell_winner
@@ -77,6 +78,7 @@ class Dispatcher:
                         ),
                     )
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
+        self._keyed_by_first = self.spec.key_of is key_of_first_input
         self._device_names: dict[str, str] = {}
         self._warned: set[str] = set()
 
@@ -163,6 +165,17 @@ class Dispatcher:
         return reason
 
     def __call__(self, *inputs: object) -> Any:
+        first = inputs[0]
+        if self._keyed_by_first and isinstance(first, torch.Tensor):
+            # torch.Size hashes as the tuple it is: one lookup, no tuple copy, on the hot path
+            fast = (first.shape, first.dtype, first.device.type, torch.get_num_threads())
+            kernel = self._kernels.get(fast)
+            if kernel is not None:
+                return kernel(*inputs)
+        return self._resolve(inputs)(*inputs)
+
+    def _resolve(self, inputs: tuple[object, ...]) -> Kernel:
+        """Choose and build the kernel for the inputs' key, once."""
         shape, dtype = self.spec.key_of(inputs)
         device_type = next(t.device.type for t in inputs if isinstance(t, torch.Tensor))
         key = (shape, dtype, device_type, torch.get_num_threads())
@@ -172,4 +185,4 @@ class Dispatcher:
             variant = get_variant(self.spec.name, choice.variant)
             kernel = variant.factory(device_type, **choice.params)
             self._kernels[key] = kernel
-        return kernel(*inputs)
+        return kernel

@@ -1,0 +1,119 @@
+"""What the winners are worth inside a model: a random transformers Llama made from its config is
+captured, its norm shapes swept, patched, and timed patched and unpatched alternately at prefill and
+decode, fp32 and bf16; predicted (from the sweep) and measured end-to-end gains side by side. Then
+the patched path's own cost per call at decode size: the patched module against the chosen kernel
+called directly (target: within 1 us), the Dispatcher, and the model's own module.
+
+    python benchmarks/model_e2e.py [--hidden 1024] [--layers 4] [--tokens 128] [--runs 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import timeit
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+from fusionlab import Dispatcher, capture, causal_lm_steps, patch, sweep, tiny_model
+from fusionlab.errors import UserError
+from fusionlab.model.bench import benchmark, render
+from fusionlab.model.patch import PatchHandle
+from fusionlab.shapes import format_shape
+
+
+def per_call_us(calls: dict[str, Callable[[], object]], loops: int = 500,
+                rounds: int = 21) -> dict[str, float]:
+    """Median time of one call of each, measured in interleaved rounds so that the machine's
+    drift hits every path alike (the CPU runs synchronously)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    names = list(calls)
+    for round_index in range(rounds):
+        start = round_index % len(names)  # each path takes every place in the order in turn
+        for name in names[start:] + names[:start]:
+            samples[name].append(timeit.timeit(calls[name], number=loops) / loops)
+    return {name: 1e6 * statistics.median(values) for name, values in samples.items()}
+
+
+def overhead(model: torch.nn.Module, handle: PatchHandle, url: str) -> list[list[str]]:
+    """The patched module against its chosen kernel called directly, at decode size."""
+    norm = model.model.norm
+    x = torch.randn(1, 1, norm.weight.shape[0], dtype=norm.weight.dtype)
+    weight, eps = norm.weight, norm.variance_epsilon
+    dispatcher = Dispatcher("rmsnorm", url)
+    dispatcher(x, weight, eps)
+    kernel = dispatcher._resolve((x, weight, eps))
+    bare = copy.deepcopy(norm)  # the least any patch can cost: the module's forward is the kernel
+    bare.forward = lambda x: kernel(x, weight, eps)
+    own = copy.deepcopy(norm)
+    own.__dict__.pop("forward", None)
+    with torch.no_grad():
+        us = per_call_us({
+            "kernel": lambda: kernel(x, weight, eps),
+            "bare": lambda: bare(x),
+            "patched": lambda: norm(x),
+            "dispatcher": lambda: dispatcher(x, weight, eps),
+            "own": lambda: own(x),
+        })
+    rows = [
+        ("the chosen kernel called directly", "kernel"),
+        ("a module whose forward is that kernel (the floor)", "bare"),
+        ("the patched module: model.norm(x)", "patched"),
+        ("fusionlab.Dispatcher(x, w, eps)", "dispatcher"),
+        ("the model's own module, unpatched", "own"),
+    ]
+    return [[label, f"{us[key]:.2f}", f"{us[key] - us['kernel']:+.2f}",
+             f"{us[key] - us['bare']:+.2f}"] for label, key in rows]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--variants", default="builtin,naive,cpp")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore", FutureWarning)
+    config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
+              "num_hidden_layers": args.layers, "num_attention_heads": 8,
+              "num_key_value_heads": 4}
+    print(f"Llama hidden {args.hidden}, {args.layers} layers, {args.tokens}-token prefill and one "
+          f"decode step, {torch.get_num_threads()} thread(s); machine shared with other jobs")
+    storage = tempfile.mkdtemp(prefix="fusionlab-e2e-")
+    for dtype in ("float32", "bfloat16"):
+        model = tiny_model("llama-tiny", getattr(torch, dtype), overrides=config)
+        steps = causal_lm_steps(model, args.tokens)
+        found = capture(model, steps)
+        url = f"sqlite:///{Path(storage) / f'{dtype}.db'}"
+        shapes = ",".join(sorted({format_shape(c.shape) for c in found.of_op("rmsnorm")}))
+        sweep("rmsnorm", shapes, dtype, storage=url, quick=True, variants=args.variants)
+        print(f"\n== {dtype}")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                handle = patch(model, found, storage=url)
+        except UserError as error:
+            print(f"not patched: {error}")
+            continue
+        chosen = sorted({(r.key, r.variant, r.match) for r in handle.rows})
+        print("chosen: " + "; ".join(f"{key}: {name} ({match})" for key, name, match in chosen))
+        print(render(benchmark(handle, steps, args.runs), handle))
+        if dtype == "float32":
+            print(f"\nper call at decode size (1x1x{args.hidden}), us:")
+            print(tabulate(overhead(model, handle, url),
+                           headers=["path", "us/call", "vs kernel", "vs the floor"],
+                           tablefmt="simple", disable_numparse=True))
+        handle.undo()
+
+
+if __name__ == "__main__":
+    main()

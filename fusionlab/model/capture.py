@@ -1,0 +1,292 @@
+"""Capture a model's norm calls: run it once with hooks on its norm modules (and a function mode
+for functional calls), record every call's key and numerics, then time the model without hooks and
+each norm call on its own, so each op's share of the step is known before anything is patched."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from fusionlab.errors import UserError
+from fusionlab.measure.stats import summarise
+from fusionlab.model.models import Step, module_steps
+from fusionlab.model.norms import inspect_norm, norm_op
+from fusionlab.registry import op_names
+from fusionlab.shapes import DTYPES, format_shape, parse_shape
+
+FORMAT = "fusionlab-capture"
+VERSION = 1
+_FUNCTIONS: dict[Callable[..., Any], str] = {
+    F.layer_norm: "layernorm",
+    torch.layer_norm: "layernorm",
+    F.rms_norm: "rmsnorm",
+    torch.rms_norm: "rmsnorm",
+}
+
+
+@dataclass(frozen=True)
+class NormCall:
+    """Calls of one norm at one key in one step: where, what, how it rounds, and its time."""
+
+    path: str  # the module's path in the model ("" for the root)
+    module_class: str
+    source: str  # "module" (replaceable) or "function" (a functional call inside `path`)
+    op: str
+    step: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    eps: float
+    casting: str
+    offset: float
+    calls: int  # per step
+    call_us: float = 0.0  # median time of one call, timed on its own
+
+    @property
+    def key(self) -> str:
+        return f"{format_shape(self.shape)} {self.dtype}"
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A model step's median time without hooks, and the captured norms' time within it."""
+
+    name: str
+    step_ms: float
+    norm_ms: float
+
+    @property
+    def share(self) -> float:
+        return self.norm_ms / self.step_ms if self.step_ms > 0 else 0.0
+
+
+@dataclass
+class Capture:
+    """What `capture` found: the model's norm calls and the steps' times."""
+
+    model: str
+    device: str
+    threads: int
+    steps: list[StepTime]
+    calls: list[NormCall]
+    ops: list[str] = field(default_factory=op_names)
+    recipe: dict[str, Any] = field(default_factory=dict)  # how `--model` made the model, if it did
+
+    def of_op(self, op: str) -> list[NormCall]:
+        return [call for call in self.calls if call.op == op]
+
+    def save(self, path: str | Path) -> None:
+        data = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.model,
+            "device": self.device,
+            "threads": self.threads,
+            "ops": self.ops,
+            "recipe": self.recipe,
+            "steps": [asdict(step) for step in self.steps],
+            "calls": [{**asdict(c), "shape": format_shape(c.shape)} for c in self.calls],
+        }
+        Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Capture:
+        """A capture file, checked: its format, version, and that this install knows its ops."""
+        hint = "write it again with `fusionlab capture`"
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if data.get("format") != FORMAT or data.get("version") != VERSION:
+                raise ValueError(f"not a {FORMAT} version {VERSION} file")
+            unknown = sorted({c["op"] for c in data["calls"]} - set(op_names()))
+            if unknown:
+                raise UserError(
+                    f"capture {str(path)!r} records ops this install does not have "
+                    f"({', '.join(unknown)}; known: {', '.join(op_names())}): load the plugin "
+                    f"that registers them, or {hint}"
+                )
+            calls = [
+                NormCall(**{**c, "shape": parse_shape(c["shape"])}) for c in data["calls"]
+            ]
+            if any(call.dtype not in DTYPES for call in calls):
+                raise ValueError("unknown dtype in calls")
+            return cls(
+                data["model"], data["device"], int(data["threads"]),
+                [StepTime(**step) for step in data["steps"]], calls, list(data["ops"]),
+                dict(data.get("recipe") or {}),
+            )
+        except UserError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise UserError(
+                f"capture file {str(path)!r} is unreadable ({type(error).__name__}: {error}); "
+                f"{hint}"
+            ) from None
+
+
+def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20) -> Capture:
+    """Run the model once with hooks (recording every norm call), then time it without hooks and
+    each norm call on its own. `inputs`: example inputs (a tensor, tuple or dict of keyword
+    arguments), or steps such as `causal_lm_steps(model, tokens)` (prefill and decode)."""
+    steps = inputs if _are_steps(inputs) else module_steps(model, inputs)
+    device = _device_of(model)
+    recorder = _Recorder(model)
+    with recorder.hooks():
+        for step in steps:
+            recorder.step = step.name
+            _run(step)
+    calls = recorder.calls(repeats)
+    times = []
+    for step in steps:
+        step_ms = 1e3 * _median_s(lambda step=step: _run(step), repeats)
+        norm_us = sum(c.calls * c.call_us for c in calls if c.step == step.name)
+        times.append(StepTime(step.name, step_ms, norm_us / 1e3))
+    return Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls)
+
+
+def _are_steps(inputs: Any) -> bool:
+    return isinstance(inputs, list) and bool(inputs) and all(isinstance(s, Step) for s in inputs)
+
+
+def _device_of(model: nn.Module) -> str:
+    parameter = next(model.parameters(), None)
+    return parameter.device.type if parameter is not None else "cpu"
+
+
+def _run(step: Step) -> torch.Tensor:
+    """One step under no_grad; any failure of the model is the user's to fix, in one line."""
+    try:
+        with torch.no_grad():
+            return step.run()
+    except UserError:
+        raise
+    except Exception as error:  # the model's own code may raise anything
+        text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise UserError(
+            f"the model's {step.name} step failed ({type(error).__name__}: {text[:200]}); give "
+            "example inputs the model accepts (shape, dtype, device)"
+        ) from None
+
+
+def _median_s(call: Callable[[], object], repeats: int) -> float:
+    """Median wall time of a call after two warm-up calls (the CPU runs synchronously; on an
+    accelerator the device is synchronised before each clock read)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(2):
+        call()
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        call()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return summarise(samples).median
+
+
+@dataclass
+class _Seen:
+    module: nn.Module | None
+    module_class: str
+    source: str
+    op: str
+    replay: Callable[[], object]
+    sample: torch.Tensor
+    eps: float | None
+    calls: int = 0
+
+
+class _Recorder(TorchFunctionMode):
+    """Module hooks on known norms; a function mode for norms called as functions elsewhere."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.step = ""
+        self._stack: list[str] = []
+        self._inside_norm = 0
+        self._seen: dict[tuple[str, str, str, tuple[int, ...], str], _Seen] = {}
+
+    @contextmanager
+    def hooks(self) -> Iterator[None]:
+        handles = []
+        for path, module in self.model.named_modules():
+            is_norm = norm_op(module) is not None
+            handles.append(module.register_forward_pre_hook(self._enter(path, module, is_norm)))
+            handles.append(module.register_forward_hook(self._leave(is_norm), always_call=True))
+        try:
+            with self:
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter(self, path: str, module: nn.Module, is_norm: bool) -> Callable[..., None]:
+        def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
+            self._stack.append(path)
+            if is_norm:
+                self._inside_norm += 1
+                x = args[0] if args else None
+                if isinstance(x, torch.Tensor):
+                    sample = x.detach().clone()
+                    self._note(path, module, "module", norm_op(module) or "", sample,
+                               lambda: module(sample), None)
+
+        return hook
+
+    def _leave(self, is_norm: bool) -> Callable[..., None]:
+        def hook(*_: object) -> None:
+            self._stack.pop()
+            if is_norm:
+                self._inside_norm -= 1
+
+        return hook
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = _FUNCTIONS.get(func)
+        if op is not None and not self._inside_norm and args and isinstance(args[0], torch.Tensor):
+            saved = [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]
+            eps = kwargs.get("eps", args[-1] if isinstance(args[-1], float) else None)
+            path = self._stack[-1] if self._stack else ""
+            self._note(path, None, "function", op, saved[0],
+                       lambda: func(*saved, **kwargs), eps)
+        return func(*args, **kwargs)
+
+    def _note(self, path: str, module: nn.Module | None, source: str, op: str,
+              sample: torch.Tensor, replay: Callable[[], object], eps: float | None) -> None:
+        dtype = next(name for name, value in DTYPES.items() if value == sample.dtype)
+        key = (path, source, self.step, tuple(sample.shape), dtype)
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = self._seen[key] = _Seen(
+                module, type(module).__name__ if module is not None else "function", source, op,
+                replay, sample, eps,
+            )
+        seen.calls += 1
+
+    def calls(self, repeats: int) -> list[NormCall]:
+        """Every recorded key with its numerics and the median time of one call."""
+        result = []
+        for (path, source, step, shape, dtype), seen in self._seen.items():
+            if seen.module is not None:
+                info = inspect_norm(seen.module, seen.sample)
+                eps, casting, offset = info.eps, info.casting, info.offset
+            else:
+                eps, casting, offset = float(seen.eps or 0.0), "none", 0.0
+            with torch.no_grad():
+                call_us = 1e6 * _median_s(seen.replay, repeats)
+            result.append(NormCall(
+                path, seen.module_class, source, seen.op, step, shape, dtype,
+                seen.sample.device.type, eps, casting, offset, seen.calls, call_us,
+            ))
+        return result

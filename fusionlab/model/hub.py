@@ -1,0 +1,100 @@
+"""The winners as a Hugging Face `kernels` layer repository: a local folder whose `layers`
+(RMSNorm, LayerNorm) dispatch to the winners, so `kernelize(model, mode=Mode.INFERENCE,
+device="cpu")` users get them through the mechanism they already use. Each module resolves,
+checks against its class's own forward, and caches its choice per key on first use, as `patch`
+does; a key without a usable winner runs the class's own forward."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import nn
+
+from fusionlab.errors import UserError
+from fusionlab.model.capture import NormCall
+from fusionlab.model.norms import inspect_norm, norm_op
+from fusionlab.model.patch import PatchedModule, resolver
+from fusionlab.runtime import Dispatcher
+from fusionlab.search.storage import DEFAULT_STORAGE
+from fusionlab.shapes import DTYPES
+
+REPO_NAME = "fusionlab-norms"
+LAYER_NAMES = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+_INIT = '''"""fusionlab's winners as a kernels layer repository (written by fusionlab)."""
+
+from fusionlab.model.hub import make_layers
+
+layers = make_layers({source!r})
+'''
+
+
+def write_layer_repository(path: str | Path, *, storage: str | None = None,
+                           winners: dict[str, str] | None = None) -> Path:
+    """Write a local layer repository at `path` for the winners in `storage` or in winners files
+    ({op: file}); use it with `kernels.LocalLayerRepository(repo_path=path, layer_name=...)`."""
+    if (storage is None) == (winners is None):
+        raise UserError("give the winners' storage or winners files ({op: file}), not both")
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    source = {"storage": storage, "winners": winners}
+    digest = hashlib.sha1(json.dumps(source, sort_keys=True).encode()).hexdigest()[:10]
+    metadata = {"name": REPO_NAME, "id": f"fusionlab_norms_{digest}", "version": 1,
+                "license": "Apache-2.0", "python-depends": [], "backend": {"type": "cpu"}}
+    (folder / "metadata.json").write_text(json.dumps(metadata, indent=1) + "\n", encoding="utf-8")
+    (folder / "__init__.py").write_text(_INIT.format(source=source), encoding="utf-8")
+    return folder
+
+
+def make_layers(source: dict[str, Any]) -> SimpleNamespace:
+    """The repository's `layers`: one class per op, whose forward is bound onto each module."""
+    dispatchers: dict[str, Dispatcher] = {}
+
+    def dispatcher(op: str) -> Dispatcher:
+        if op not in dispatchers:
+            winners = (source.get("winners") or {}).get(op)
+            dispatchers[op] = (Dispatcher(op, winners=winners) if winners
+                               else Dispatcher(op, source.get("storage") or DEFAULT_STORAGE))
+        return dispatchers[op]
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        entry = self.__dict__.get("_fusionlab_entry")
+        if entry is None:
+            entry = self.__dict__["_fusionlab_entry"] = _entry(self, x, dispatcher)
+        call = entry.table.get((x.shape, x.dtype), False)
+        if call is False:
+            kernel, row = entry.resolver(x)
+            if row.match == "fallback":
+                warnings.warn(f"fusionlab: {type(self).__name__} at {row.key} keeps its own "
+                              f"forward: {row.why}", stacklevel=2)
+            call = entry.table[(x.shape, x.dtype)] = None if kernel is None else entry.caller(
+                kernel
+            )
+        return entry.original(x) if call is None else call(x)
+
+    classes = {
+        name: type(name, (nn.Module,), {"forward": forward, "has_backward": False,
+                                        "can_torch_compile": False})
+        for name in LAYER_NAMES.values()
+    }
+    return SimpleNamespace(**classes)
+
+
+def _entry(module: nn.Module, x: torch.Tensor, dispatcher: Any) -> PatchedModule:
+    """The module's numerics, probed against its class's own forward, and its resolver."""
+    op = norm_op(module)
+    if op is None:
+        raise UserError(f"{type(module).__name__} is not a norm fusionlab knows")
+    own = type(module).forward.__get__(module)
+    info = inspect_norm(module, x, own)
+    dtype = next(name for name, value in DTYPES.items() if value == x.dtype)
+    call = NormCall(type(module).__name__, type(module).__name__, "module", op, "", tuple(x.shape),
+                    dtype, x.device.type, info.eps, info.casting, info.offset, 1)
+    entry = PatchedModule(type(module).__name__, module, call, own)
+    entry.resolver = resolver(entry, dispatcher(op), "inference")
+    return entry

@@ -1,0 +1,315 @@
+"""Patch a model's captured norm modules with the winners: each module's forward becomes a table
+lookup (shape, dtype) -> chosen kernel, resolved and checked against the module's own output once
+per key. Nothing is changed until every module is resolved, so a failed patch changes nothing."""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tabulate import tabulate
+from torch import nn
+
+from fusionlab.errors import UserError
+from fusionlab.model.capture import Capture, NormCall
+from fusionlab.model.norms import numerics_object
+from fusionlab.registry import Kernel, Variant, get_op, get_variant, variants_of
+from fusionlab.runtime import Choice, Dispatcher
+from fusionlab.search.storage import DEFAULT_STORAGE
+from fusionlab.shapes import DTYPES, format_shape
+
+MODES = ("inference", "training")
+_PURE_TORCH_KINDS = ("builtin", "baseline", "compiled")
+_FUSION_NOTE = (
+    "not fused: the residual add happens inside the decoder layer's own forward; fusing it with "
+    "the next norm (add_rmsnorm) needs that forward rewritten, which fusionlab does not do yet"
+)
+
+
+@dataclass(frozen=True)
+class PatchRow:
+    """What one module got at one key, and why."""
+
+    path: str
+    op: str
+    key: str
+    variant: str  # "(module's own)" when it keeps its forward
+    match: str  # exact | nearest | fallback
+    why: str = ""
+
+
+def supports(variant: Variant, dtype: str, casting: str, offset: float) -> bool:
+    """Whether a variant computes a module's numerics: any variant in float32 without an offset
+    (the castings then round alike); else it must declare the casting mode."""
+    declared = getattr(variant, "numerics", ("none",))
+    if offset:
+        return casting in declared and declared != ("none",)
+    return dtype == "float32" or casting in declared
+
+
+def build_kernel(variant: Variant, device_type: str, params: dict[str, Any], casting: str,
+                 offset: float) -> Kernel:
+    """The variant's kernel, told the module's numerics when they are not the default."""
+    if (casting, offset) == ("none", 0.0) or getattr(variant, "numerics", ("none",)) == ("none",):
+        return variant.factory(device_type, **params)
+    return variant.factory(device_type, numerics=numerics_object(casting, offset), **params)
+
+
+def has_autograd(variant: Variant) -> bool:
+    """Declared by the variant; pure-torch lowerings have torch's autograd when undeclared."""
+    declared = getattr(variant, "autograd", None)
+    return declared if declared is not None else variant.kind in _PURE_TORCH_KINDS
+
+
+class PatchedModule:
+    """One captured module: how to call an op kernel with its parameters, and its dispatch table."""
+
+    def __init__(self, path: str, module: nn.Module, call: NormCall,
+                 original: Callable[..., object] | None = None) -> None:
+        self.path, self.module, self.op = path, module, call.op
+        self.eps, self.casting, self.offset = call.eps, call.casting, call.offset
+        self.original = original or module.forward
+        # (shape, dtype) -> the bound kernel call, or None to keep the module's own forward
+        self.table: dict[tuple[torch.Size, torch.dtype], Callable[..., object] | None] = {}
+        names = get_op(call.op).inputs
+        known = {"x", "weight", "bias", "eps"}
+        if set(names) - known:
+            raise UserError(f"{path}: op {call.op} takes {names}; only norms of x can be patched")
+        self.names = names
+        self.resolver: Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]] | None = None
+
+    def args(self, x: torch.Tensor) -> tuple[object, ...]:
+        values = {"x": x, "weight": self.module.weight, "bias": getattr(self.module, "bias", None),
+                  "eps": self.eps}
+        return tuple(values[name] for name in self.names)
+
+    def caller(self, kernel: Kernel) -> Callable[[torch.Tensor], object]:
+        """kernel(x, parameters..., eps) with the parameters bound: the per-call path."""
+        weight, eps = self.module.weight, self.eps
+        if self.names == ("x", "weight", "eps"):
+            return lambda x: kernel(x, weight, eps)
+        if self.names == ("x", "weight", "bias", "eps"):
+            bias = self.module.bias
+            return lambda x: kernel(x, weight, bias, eps)
+        return lambda x: kernel(*self.args(x))
+
+
+class PatchHandle:
+    """The patched model: `.report()`, `.undo()`, `.benchmark(...)`."""
+
+    def __init__(self, model: nn.Module, modules: list[PatchedModule], rows: list[PatchRow],
+                 fused: list[str], capture: Capture, winners_source: dict[str, Any]) -> None:
+        self.model, self.modules, self.rows, self.fused = model, modules, rows, fused
+        self.capture, self.winners_source = capture, winners_source
+        self._saved = {m.path: m.module.__dict__.get("forward") for m in modules}
+        self._forwards = {m.path: _patched_forward(m) for m in modules}
+        self.redo()
+
+    def report(self) -> str:
+        """Module, key, chosen variant, exact/nearest/fallback and why; then the fusion notes."""
+        table = tabulate(
+            [(r.path, r.op, r.key, r.variant, r.match, r.why) for r in self.rows],
+            headers=["module", "op", "key", "variant", "match", "why"], tablefmt="simple",
+        )
+        return table + "\n" + "\n".join(self.fused)
+
+    def undo(self) -> None:
+        """Give every module its own forward back."""
+        for entry in self.modules:
+            saved = self._saved[entry.path]
+            if saved is None:
+                entry.module.__dict__.pop("forward", None)
+            else:
+                entry.module.forward = saved
+
+    def redo(self) -> None:
+        """Patch again after `undo` (the choices stay resolved)."""
+        for entry in self.modules:
+            entry.module.forward = self._forwards[entry.path]
+
+    def benchmark(self, steps: list[Any], runs: int = 30) -> Any:
+        """Time the model patched and unpatched alternately (see fusionlab.model.bench)."""
+        from fusionlab.model.bench import benchmark
+
+        return benchmark(self, steps, runs)
+
+
+def _patched_forward(entry: PatchedModule) -> Callable[..., object]:
+    table, original = entry.table, entry.original
+
+    def forward(self: nn.Module, x: torch.Tensor) -> object:
+        call = table.get((x.shape, x.dtype), False)
+        if call is False:  # a key not seen at patch time: resolve and check it once
+            call = _resolve_late(entry, x)
+        if call is None:
+            return original(x)
+        return call(x)
+
+    return types.MethodType(forward, entry.module)
+
+
+def _resolve_late(entry: PatchedModule, x: torch.Tensor) -> Callable[..., object] | None:
+    assert entry.resolver is not None
+    kernel, row = entry.resolver(x)
+    if row.match == "fallback":
+        warnings.warn(f"fusionlab: {row.path} at {row.key} keeps its own forward: {row.why}",
+                      stacklevel=3)
+    call = None if kernel is None else entry.caller(kernel)
+    entry.table[(x.shape, x.dtype)] = call
+    return call
+
+
+def patch(
+    model: nn.Module,
+    capture: Capture | str,
+    *,
+    storage: str | None = None,
+    winners: str | dict[str, str] | None = None,
+    ops: list[str] | None = None,
+    mode: str = "inference",
+    rank_by: str = "cold",
+) -> PatchHandle:
+    """Replace each captured norm module's forward with the winner for its keys.
+
+    `winners`: a winners file (`fusionlab export OP --format json`), or {op: file}; else
+    `storage`. A key whose winner is missing, disagrees with the module or lacks its numerics
+    keeps the module's own forward (a warning says why)."""
+    if mode not in MODES:
+        raise UserError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if isinstance(capture, str):
+        capture = Capture.load(capture)
+    calls = [c for c in capture.calls if c.source == "module" and (ops is None or c.op in ops)]
+    if not calls:
+        raise UserError("the capture records no replaceable norm module for the ops asked for")
+    dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for op in {c.op for c in calls}}
+    modules: dict[str, PatchedModule] = {}
+    rows: list[PatchRow] = []
+    for call in calls:
+        entry = modules.get(call.path)
+        if entry is None:
+            entry = modules[call.path] = PatchedModule(call.path, _find(model, call), call)
+            entry.resolver = resolver(entry, dispatchers[call.op], mode)
+        key = (torch.Size(call.shape), DTYPES[call.dtype])
+        if key in entry.table:
+            continue
+        sample = _sample(model, call)
+        kernel, row = entry.resolver(sample)
+        entry.table[key] = None if kernel is None else entry.caller(kernel)
+        rows.append(row)
+    if all(row.match == "fallback" for row in rows):
+        raise UserError(f"nothing to patch: {rows[0].path} at {rows[0].key}: {rows[0].why}")
+    for row in rows:
+        if row.match == "fallback":
+            warnings.warn(f"fusionlab: {row.path} at {row.key} keeps its own forward: {row.why}",
+                          stacklevel=2)
+    layers = _decoder_layers(model)
+    fused = [f"{len(layers)} decoder layer(s) ({layers[0]}, ...): {_FUSION_NOTE}"] if layers else []
+    return PatchHandle(model, list(modules.values()), rows, fused, capture,
+                       {"storage": storage, "winners": winners, "rank_by": rank_by})
+
+
+def _dispatcher(op: str, storage: str | None, winners: str | dict[str, str] | None,
+                rank_by: str) -> Dispatcher:
+    if isinstance(winners, dict):
+        if op not in winners:
+            raise UserError(f"no winners file given for {op}: pass winners={{'{op}': FILE}}")
+        return Dispatcher(op, winners=winners[op], rank_by=rank_by)
+    if winners is not None:
+        return Dispatcher(op, winners=winners, rank_by=rank_by)
+    return Dispatcher(op, storage or DEFAULT_STORAGE, rank_by=rank_by)
+
+
+def _find(model: nn.Module, call: NormCall) -> nn.Module:
+    try:
+        module = model.get_submodule(call.path)
+    except AttributeError:
+        module = None
+    if module is None or type(module).__name__ != call.module_class:
+        raise UserError(
+            f"the capture names {call.path or 'the root'} ({call.module_class}), which this model "
+            "does not have: capture this model first"
+        )
+    return module
+
+
+def _sample(model: nn.Module, call: NormCall) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(call.shape, generator=generator)
+    return x.to(dtype=DTYPES[call.dtype], device=call.device)
+
+
+def resolver(entry: PatchedModule, dispatcher: Dispatcher,
+              mode: str) -> Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]]:
+    """Choose, build and check the kernel for one key of one module."""
+
+    def resolve(x: torch.Tensor) -> tuple[Kernel | None, PatchRow]:
+        dtype = next(name for name, value in DTYPES.items() if value == x.dtype)
+        key = f"{format_shape(tuple(x.shape))} {dtype}"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the reason goes into the row and one warning
+            choice = dispatcher.choose(tuple(x.shape), x.dtype, x.device.type)
+
+        def keep(why: str, match: str = "fallback") -> tuple[None, PatchRow]:
+            return None, PatchRow(entry.path, entry.op, key, "(module's own)", match, why)
+
+        if choice.match == "fallback":
+            return keep(choice.reason or "no winner for this key")
+        variant = get_variant(entry.op, choice.variant)
+        if not supports(variant, dtype, entry.casting, entry.offset):
+            numerics = f"{entry.casting} casting" + (
+                f", weight offset {entry.offset:g}" if entry.offset else ""
+            )
+            if not any(
+                supports(v, dtype, entry.casting, entry.offset)
+                for v in variants_of(entry.op).values()
+            ):
+                raise UserError(
+                    f"{entry.path}: no {entry.op} variant computes its numerics ({numerics}, "
+                    f"{dtype}); leave {entry.op} out (ops=...) or add a variant that does"
+                )
+            return keep(f"winner {choice.variant} does not compute {numerics} in {dtype}")
+        if mode == "training" and not has_autograd(variant):
+            raise UserError(
+                f"patch(mode='training'): {entry.op} winner {choice.variant} for {entry.path} "
+                "has no backward; patch for inference, or sweep variants that have one"
+            )
+        kernel = build_kernel(variant, x.device.type, choice.params, entry.casting, entry.offset)
+        problem = _disagreement(entry, kernel, x)
+        if problem:
+            return keep(f"{choice.variant} disagrees with the module: {problem}")
+        return kernel, _row(entry, key, choice)
+
+    return resolve
+
+
+def _row(entry: PatchedModule, key: str, choice: Choice) -> PatchRow:
+    params = ", ".join(f"{k}={v}" for k, v in choice.params.items())
+    variant = f"{choice.variant}({params})" if params else choice.variant
+    return PatchRow(entry.path, entry.op, key, variant, choice.match, choice.reason)
+
+
+def _disagreement(entry: PatchedModule, kernel: Kernel, x: torch.Tensor) -> str:
+    """Why the kernel's output is not the module's own within the dtype tolerance ("" if it is)."""
+    tolerance = get_op(entry.op).tolerance(x.dtype)
+    with torch.no_grad():
+        expected = entry.original(x)
+        try:
+            got = get_op(entry.op).as_outputs(kernel(*entry.args(x)))[0]
+        except Exception as error:  # variant code may raise anything: it then does not patch
+            return f"{type(error).__name__}: {error}"
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return "wrong output shape"
+    if got.dtype != expected.dtype:
+        return f"returns {got.dtype}, the module {expected.dtype}"
+    if not torch.allclose(got, expected, atol=tolerance.atol, rtol=tolerance.rtol):
+        worst = (got.float() - expected.float()).abs().max().item()
+        return f"max difference {worst:.3g} beyond atol {tolerance.atol:g} rtol {tolerance.rtol:g}"
+    return ""
+
+
+def _decoder_layers(model: nn.Module) -> list[str]:
+    return [path for path, m in model.named_modules() if type(m).__name__.endswith("DecoderLayer")]
