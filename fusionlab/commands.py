@@ -15,6 +15,7 @@ from fusionlab.errors import UserError
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, fit, investigate
+from fusionlab.report.progress import SweepProgress
 from fusionlab.report.tables import best_rows, terminal_table
 from fusionlab.search.claims import worker_name
 from fusionlab.search.results_store import CellResult, load_cells
@@ -122,7 +123,15 @@ def sweep(args: argparse.Namespace) -> int:
     url = args.storage or DEFAULT_STORAGE
     warning = check_worker_count(plan.device, args.workers, args.pin, url)
     storage = open_storage(url)
-    runner = Sweep(plan, storage, _progress, say)
+    progress = SweepProgress(len(plan.cells()), _progress)
+    runner = Sweep(
+        plan,
+        storage,
+        progress.trial,
+        progress.say,
+        starting=progress.starting,
+        cell_done=progress.cell_done,
+    )
     say(
         f"{args.op} on {plan.device.type}: {plan.device.hardware_name()}, torch {torch.__version__}"
     )
@@ -130,7 +139,11 @@ def sweep(args: argparse.Namespace) -> int:
     if warning:
         say(f"warning: {warning}")
     if args.workers == 1:
-        cells = runner.run()
+        progress.begin(*runner.planned())
+        try:
+            cells = runner.run()
+        finally:
+            progress.close()
         _say_time_split(runner)
     else:
         runner.open()  # planned here, so every worker finds the whole sweep
