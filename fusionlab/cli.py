@@ -117,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ranking(export)
     _add_width(export)
 
+    report = commands.add_parser(
+        "report", help="an HTML page of stored results with plots (opens offline)"
+    )
+    report.add_argument("op")
+    report.add_argument(
+        "-o", "--output", default="report.html", metavar="FILE", help="default report.html"
+    )
+    report.add_argument("--plots", metavar="DIR", help="also write each plot as SVG and PNG here")
+    report.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
+    _add_plugin(report)
+    report.add_argument(
+        "--rank-by",
+        choices=("cold", "warm"),
+        default="cold",
+        help="rank by the cache-cold median (default) or the warm one",
+    )
+
     listing = commands.add_parser("list", help="ops and variants, and whether each runs here")
     _add_plugin(listing)
     listing.add_argument("--op", help="only this op's variants")

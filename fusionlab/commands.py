@@ -337,6 +337,28 @@ def list_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def report_command(args: argparse.Namespace) -> int:
+    url = args.storage or DEFAULT_STORAGE
+    export.check_writable(args.output)
+    if args.plots:
+        investigate.prepare_folder(args.plots, "plots dir")
+    planning.load_user_variants(args.plugin)
+    get_op(args.op)
+    cells = load_cells(open_storage(url, must_exist=True), args.op)
+    if not cells:
+        raise UserError(f"no results of {args.op} in {url}: run `fusionlab sweep {args.op}` first")
+    for note in _stale_notes(cells, args.op):
+        say(f"note: {note}")
+    from fusionlab.report import html  # matplotlib loads only for this command
+
+    page, saved = html.render(args.op, cells, args.rank_by, url, args.plots)
+    export.write(args.output, page)
+    say(f"wrote {args.output} ({len(cells)} cells)")
+    for path in saved:
+        say(f"wrote {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Dispatch a parsed command line."""
     handlers = {
@@ -347,5 +369,6 @@ def run(args: argparse.Namespace) -> int:
         "profile": investigate.profile_command,
         "worker": worker_command,
         "status": status_command,
+        "report": report_command,
     }
     return handlers[args.command](args)

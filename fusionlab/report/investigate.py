@@ -24,19 +24,20 @@ from fusionlab.report import fit
 from fusionlab.shapes import format_shape, parse_dtype, parse_shape
 
 
-def _prepare_trace_dir(path: str | None) -> str | None:
-    if path is None:
-        return None
+def prepare_folder(path: str, what: str) -> str:
+    """Create a folder for output files; one line to the user when it cannot be written."""
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UserError(
-            f"cannot create trace dir {path!r} ({error.strerror}); pick another"
-        ) from None
+        raise UserError(f"cannot create {what} {path!r} ({error.strerror}); pick another") from None
     if not os.access(folder, os.W_OK):
-        raise UserError(f"trace dir {path!r} is not writable; pick another")
+        raise UserError(f"{what} {path!r} is not writable; pick another")
     return str(folder.resolve())
+
+
+def _prepare_trace_dir(path: str | None) -> str | None:
+    return None if path is None else prepare_folder(path, "trace dir")
 
 
 def _run(
