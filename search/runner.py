@@ -122,6 +122,7 @@ class Sweep:
         if store.CELL_ATTR not in study.user_attrs:
             store.write_cell(study, cell)
             store.write_plan(study, plan_to_dict(self.plan))
+            store.write_metric_name(study, self.plan.rank_by)
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)

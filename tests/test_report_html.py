@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import optuna
 import pytest
 from browser import chromium, visit
 from conftest import PLUGINS, run_cli
@@ -111,3 +112,15 @@ def test_the_report_renders_in_chromium_offline(report) -> None:
     assert len(colours) > 50  # text, tables and plots, not a blank page
     blue = sum(n for n, rgb in colours if _near(rgb, TAB10_BLUE))
     assert blue > 100  # the first variant's line is on screen
+
+
+def test_studies_name_their_objective_and_summarise_each_trial(report) -> None:
+    """What optuna-dashboard shows: the objective with its unit, a readable line per trial."""
+    folder, _ = report
+    storage = optuna.storages.RDBStorage(f"sqlite:///{folder / 'results.db'}")
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        assert study.metric_names == ["cold median latency (ms)"]
+        measured = [t.user_attrs["measured"] for t in study.trials if "measured" in t.user_attrs]
+        assert any(line.startswith("naive: cold ") and " ms" in line for line in measured)
+        assert any(line.startswith("game-skip-after-first: ") for line in measured)

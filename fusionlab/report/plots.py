@@ -137,7 +137,7 @@ def winners_plot(
             + (f"\n{speedup:.2f}x vs {baseline}" if speedup else "")
             + (f"\n{decision}" if decision else "")
         )
-    figure, axes = plt.subplots(figsize=(2.2 + 2.4 * len(dtypes), 0.8 + 0.75 * len(shapes)))
+    figure, axes = plt.subplots(figsize=(2.2 + 2.4 * len(dtypes), 0.9 + 0.55 * len(shapes)))
     axes.imshow(grid, cmap=ListedColormap(colors), vmin=0, vmax=len(names) - 1, aspect="auto")
     axes.set_xticks(range(len(dtypes)), dtypes)
     axes.set_yticks(range(len(shapes)), [format_shape(s) for s in shapes])
