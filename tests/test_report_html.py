@@ -124,3 +124,19 @@ def test_studies_name_their_objective_and_summarise_each_trial(report) -> None:
         measured = [t.user_attrs["measured"] for t in study.trials if "measured" in t.user_attrs]
         assert any(line.startswith("naive: cold ") and " ms" in line for line in measured)
         assert any(line.startswith("game-skip-after-first: ") for line in measured)
+
+
+def test_bad_input_gets_one_line_and_writes_nothing(tmp_path: Path, storage_url: str) -> None:
+    empty = run_cli("sweep", "rmsnorm", "--quick", "--variants", "naive", "--shapes", "2x64",
+                    "--storage", storage_url, cwd=tmp_path)
+    assert empty.returncode == 0, empty.stderr
+    for args, says in (
+        (("report", "nosuchop", "--storage", storage_url), "unknown op 'nosuchop'"),
+        (("report", "layernorm", "--storage", storage_url), "no results of layernorm"),
+        (("report", "rmsnorm", "--storage", storage_url, "-o", "missing/dir/r.html"),
+         "does not exist"),
+    ):
+        result = run_cli(*args, cwd=tmp_path)
+        assert result.returncode == 2 and says in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "report.html").exists()
