@@ -40,6 +40,17 @@ def _add_ranking(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_width(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide", action="store_true", help="every column, however wide the terminal"
+    )
+    parser.add_argument(
+        "--columns",
+        metavar="A,B,C",
+        help="exactly these columns (the table's footer names the ones left out)",
+    )
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("op", help="the op, e.g. rmsnorm (see fusionlab list)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or neuron (default auto)")
@@ -122,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pin", action="store_true", help="cpu: give each worker its own cores"
     )
     _add_ranking(sweep)
+    _add_width(sweep)
 
     worker = commands.add_parser("worker", help="join a sweep planned in a shared storage")
     worker.add_argument("--storage", required=True, help="the sweep's storage URL")
@@ -140,11 +152,32 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
     _add_plugin(export)
     _add_ranking(export)
+    _add_width(export)
+
+    report = commands.add_parser(
+        "report", help="an HTML page of stored results with plots (opens offline)"
+    )
+    report.add_argument("op")
+    report.add_argument(
+        "-o", "--output", default="report.html", metavar="FILE", help="default report.html"
+    )
+    report.add_argument("--plots", metavar="DIR", help="also write each plot as SVG and PNG here")
+    report.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
+    _add_plugin(report)
+    report.add_argument(
+        "--rank-by",
+        choices=("cold", "warm"),
+        default="cold",
+        help="rank by the cache-cold median (default) or the warm one",
+    )
 
     _add_model_commands(commands)
 
     listing = commands.add_parser("list", help="ops and variants, and whether each runs here")
     _add_plugin(listing)
+    listing.add_argument("--op", help="only this op's variants")
+    listing.add_argument("--device", help="only variants for this device type (cpu, cuda, ...)")
+    listing.add_argument("--wide", action="store_true", help="every column, descriptions too")
 
     for name, text in (
         ("compare", "profile every variant side by side at one shape"),
@@ -167,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
             )
         command.add_argument("--trace-dir", help="write a Chrome trace (Perfetto) per variant here")
         command.add_argument("--rows", type=int, default=12, help="rows of each key_averages table")
+        command.add_argument(
+            "--wide", action="store_true", help="every column, however wide the terminal"
+        )
     return parser
 
 

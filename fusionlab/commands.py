@@ -15,8 +15,9 @@ from fusionlab.devices import device_types, get_device, unavailable_reason
 from fusionlab.errors import UserError
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
-from fusionlab.report import export, investigate
-from fusionlab.report.tables import best_rows, display_rows
+from fusionlab.report import export, fit, investigate
+from fusionlab.report.progress import SweepProgress
+from fusionlab.report.tables import best_rows, terminal_table
 from fusionlab.search.claims import worker_name
 from fusionlab.search.results_store import CellResult, load_cells
 from fusionlab.search.runner import Sweep
@@ -61,24 +62,37 @@ def _progress(record: TrialRecord, index: int, total: int, prefix: str = "") -> 
     say(f"{where} {record.config_label():<44} {detail}")
 
 
-def print_table(cells: list[CellResult], op: str, mode: str, calls: int | None) -> None:
+def print_table(
+    cells: list[CellResult],
+    op: str,
+    mode: str,
+    calls: int | None,
+    wide: bool = False,
+    chosen: str | None = None,
+) -> None:
+    """The best-config table and its notes, fitted to the terminal's width."""
+    width = fit.terminal_width()
     devices = sorted({cell.cell.device_label for cell in cells})
     rows = best_rows(cells, mode, calls)
-    shown = display_rows(rows, op, with_device=len(devices) > 1)
-    print(tabulate(shown, headers="keys", tablefmt="simple", disable_numparse=True))
-    for row in rows:
-        if row.get("reason"):
-            print(f"  {row['shape']} {row['dtype']}: {row['reason']}")
+    text, left_out = terminal_table(rows, op, width, wide, chosen, with_device=len(devices) > 1)
+    print(text)
+    notes = [
+        f"  {row['shape']} {row['dtype']}: {row['reason']}" for row in rows if row.get("reason")
+    ]
     for cell in cells:
-        for record in cell.failures():
-            print(
-                f"  failed: {cell.cell.label} {record.config_label()}: "
-                f"{record.status.value}: {record.message[:160]}"
-            )
+        notes.extend(
+            f"  failed: {cell.cell.label} {record.config_label()}: "
+            f"{record.status.value}: {record.message[:160]}"
+            for record in cell.failures()
+        )
     note = RANKING_NOTE.format(mode=mode, why=_WHY[mode])
     if calls is not None:
         note = f"ranked by first use + {calls} x {mode} latency (--calls); " + note
-    print(note)
+    notes.append(note)
+    if left_out:
+        notes.append(f"more columns: --wide, or --columns with any of {', '.join(left_out)}")
+    for line in notes:
+        print(fit.wrap(line.strip(), width, indent=line[: len(line) - len(line.lstrip())]))
 
 
 def _threads(args: argparse.Namespace) -> int | None:
@@ -138,7 +152,15 @@ def sweep(args: argparse.Namespace) -> int:
     url = args.storage or DEFAULT_STORAGE
     warning = check_worker_count(plan.device, args.workers, args.pin, url)
     storage = open_storage(url)
-    runner = Sweep(plan, storage, _progress, say)
+    progress = SweepProgress(len(plan.cells()), _progress)
+    runner = Sweep(
+        plan,
+        storage,
+        progress.trial,
+        progress.say,
+        starting=progress.starting,
+        cell_done=progress.cell_done,
+    )
     say(
         f"{args.op} on {plan.device.type}: {plan.device_label}, torch {torch.__version__}"
     )
@@ -146,7 +168,11 @@ def sweep(args: argparse.Namespace) -> int:
     if warning:
         say(f"warning: {warning}")
     if args.workers == 1:
-        cells = runner.run()
+        progress.begin(*runner.planned())
+        try:
+            cells = runner.run()
+        finally:
+            progress.close()
         _say_time_split(runner)
     else:
         runner.open()  # planned here, so every worker finds the whole sweep
@@ -156,7 +182,7 @@ def sweep(args: argparse.Namespace) -> int:
         )
         cells = runner.results()
     print()
-    print_table(cells, args.op, plan.rank_by, plan.calls)
+    print_table(cells, args.op, plan.rank_by, plan.calls, args.wide, args.columns)
     if args.export:
         meta = {"op": args.op, "storage": url, "ranked_by": plan.rank_by}
         export.write(
@@ -259,7 +285,19 @@ def export_command(args: argparse.Namespace) -> int:
     for note in _stale_notes(cells, args.op):
         say(f"note: {note}")
     meta = {"op": args.op, "storage": url, "ranked_by": args.rank_by}
-    text = export.render(best_rows(cells, args.rank_by, args.calls), fmt, meta)
+    rows = best_rows(cells, args.rank_by, args.calls)
+    if not args.output and args.format is None:  # for reading: Markdown that fits the terminal
+        devices = sorted({cell.cell.device_name for cell in cells})
+        text, left_out = terminal_table(
+            rows, args.op, fit.terminal_width(), args.wide, args.columns, len(devices) > 1, "github"
+        )
+        if len(devices) == 1:
+            say(f"measured on {devices[0]}")
+        sys.stdout.write(text + "\n")
+        if left_out:
+            say("more columns: --wide, --columns A,B,C, or --format md for every column")
+        return 0
+    text = export.render(rows, fmt, meta)
     if args.output:
         export.write(args.output, text)
         say(f"wrote {args.output} ({len(cells)} rows)")
@@ -268,38 +306,85 @@ def export_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tunables(values: dict) -> str:
+    return (
+        "; ".join(
+            f"{k}={list(v) if isinstance(v, (list, tuple)) else v}" for k, v in values.items()
+        )
+        or "-"
+    )
+
+
 def list_command(args: argparse.Namespace) -> int:
     planning.load_user_variants(args.plugin)
-    here = {d: unavailable_reason(d) for d in device_types()}
-    rows = []
-    for op in op_names():
-        for variant in variants_of(op).values():
-            status = []
-            for device in variant.devices:
-                reason = here[device] or variant.unavailable_reason(device)
-                status.append(f"{device}: {'yes' if reason is None else 'no - ' + reason}")
-            tunables = (
-                "; ".join(
-                    f"{k}={list(v) if isinstance(v, (list, tuple)) else v}"
-                    for k, v in variant.tunables.items()
-                )
-                or "-"
-            )
-            rows.append(
-                [op, variant.name, variant.kind, variant.description, tunables, "\n".join(status)]
-            )
-    print(
-        tabulate(
-            rows,
-            headers=["op", "variant", "kind", "what", "tunables", "runs here"],
-            tablefmt="grid",
-            maxcolwidths=[None, None, None, 40, 40, 60],
+    ops = [get_op(args.op).name] if args.op else op_names()
+    if args.device is not None and args.device not in device_types():
+        raise UserError(
+            f"unknown device {args.device!r}: choose from {', '.join(device_types())}"
         )
-    )
+    here = {d: unavailable_reason(d) for d in device_types()}
+    rows, reasons = [], {}
+    for op in ops:
+        for variant in variants_of(op).values():
+            devices = [d for d in variant.devices if args.device in (None, d)]
+            if not devices:
+                continue
+            runs = []
+            for device in devices:
+                reason = here[device] or variant.unavailable_reason(device)
+                if reason is None:
+                    runs.append(device)
+                else:
+                    reasons.setdefault(reason, []).append(f"{variant.name} on {device}")
+            rows.append(
+                {
+                    "op": op,
+                    "variant": variant.name,
+                    "kind": variant.kind,
+                    "runs here": ", ".join(runs) or "no",
+                    "devices": ", ".join(devices),
+                    "tunables": _tunables(variant.tunables),
+                    "what": variant.description,
+                }
+            )
+    width = fit.terminal_width()
+    order = ["op", "variant", "kind", "runs here", "devices", "tunables", "what"]
+    if args.wide:
+        width = 10**6
+    text, left_out = fit.fit_table(rows, order, width, shrinkable=["tunables", "what"])
+    print(text)
+    for reason, where in reasons.items():
+        ops_named = sorted({name.split(" on ")[1] for name in where})
+        note = f"not here on {', '.join(ops_named)}: {reason} ({len(where)} variants)"
+        print(fit.wrap(note, width))
     for name in device_types():
         note = get_device(name).cold_sweep_note
-        if note:
-            print(f"cold sweep on {name}: {note}")
+        if note and args.device in (None, name):
+            print(fit.wrap(f"cold sweep on {name}: {note}", width))
+    if left_out:
+        print(fit.wrap(f"left out to fit: {', '.join(left_out)} (--wide shows them)", width))
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    url = args.storage or DEFAULT_STORAGE
+    export.check_writable(args.output)
+    if args.plots:
+        investigate.prepare_folder(args.plots, "plots dir")
+    planning.load_user_variants(args.plugin)
+    get_op(args.op)
+    cells = load_cells(open_storage(url, must_exist=True), args.op)
+    if not cells:
+        raise UserError(f"no results of {args.op} in {url}: run `fusionlab sweep {args.op}` first")
+    for note in _stale_notes(cells, args.op):
+        say(f"note: {note}")
+    from fusionlab.report import html  # matplotlib loads only for this command
+
+    page, saved = html.render(args.op, cells, args.rank_by, url, args.plots)
+    export.write(args.output, page)
+    say(f"wrote {args.output} ({len(cells)} cells)")
+    for path in saved:
+        say(f"wrote {path}")
     return 0
 
 
@@ -317,5 +402,6 @@ def run(args: argparse.Namespace) -> int:
         "status": status_command,
         "capture": model_commands.capture_command,
         "bench-model": model_commands.bench_model_command,
+        "report": report_command,
     }
     return handlers[args.command](args)

@@ -4,6 +4,7 @@ and reading cells back. Everything else reads and writes results through this mo
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from fusionlab.shapes import format_shape
 CELL_ATTR = "cell"
 VERDICT_ATTR = "verdict"  # the re-measured decision, by rank mode: {"cold": {...}, ...}
 RECORD_ATTR = "record"
+SUMMARY_ATTR = "measured"  # one readable line; never read back
 REJECTED_ATTR = "rejected"
 PLAN_ATTR = "plan"  # the sweep plan, so `fusionlab worker` can join from anywhere
 _VERDICT_KEY = "verdict:"  # config keys of re-measurement claims start with this
@@ -49,10 +51,33 @@ def is_verdict_key(key: str, mode: str | None = None) -> bool:
     return key.startswith(_VERDICT_KEY if mode is None else f"{_VERDICT_KEY}{mode}:")
 
 
+def write_metric_name(study: optuna.Study, mode: str) -> None:
+    """Name the objective with its unit, as optuna-dashboard shows it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([f"{mode} median latency (ms)"])
+
+
+def summary(record: TrialRecord) -> str:
+    """One readable line of a trial's main measurements (the record itself is long JSON)."""
+    if not record.passed:
+        return f"{record.config_label()}: {record.status.value}: {record.message[:160]}"
+    parts = [f"warm {record.latency_ms('warm'):.4g} ms"]
+    if record.cold is not None:
+        parts.insert(0, f"cold {record.cold.median_ms:.4g} ms")
+    share = record.limit_share("cold")
+    if share is not None:
+        parts.append(f"{100 * min(share.values()):.0f}% of the copy limit")
+    if record.first_use_ms is not None:
+        parts.append(f"first use {record.first_use_ms:.4g} ms")
+    return f"{record.config_label()}: {', '.join(parts)}"
+
+
 def result_attrs(record: TrialRecord) -> dict[str, Any]:
     """The user attributes a claimed trial ends with (its config key, the `config` attr of
-    search/claims.py, was written when it was enqueued)."""
-    return {RECORD_ATTR: record.to_dict()}
+    search/claims.py, was written when it was enqueued): the record, and a readable summary
+    for optuna-dashboard."""
+    return {RECORD_ATTR: record.to_dict(), SUMMARY_ATTR: summary(record)}
 
 
 def write_rejected(trial: optuna.Trial, reason: str) -> None:

@@ -35,6 +35,7 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 Progress = Callable[[TrialRecord, int, int], None]
 Notice = Callable[[str], None]
+Starting = Callable[[Cell, str, dict[str, object]], None]  # cell, variant (or task), params
 
 _TPE_ATTEMPTS = 50  # proposals per budgeted trial before a cell gives up (rejected, duplicates)
 _POLL_S = 1.0  # how often a runner looks again while other runners hold a cell's last claims
@@ -76,15 +77,20 @@ class Sweep:
         notice: Notice | None = None,
         lease: claims.Lease | None = None,
         spread: bool = False,
+        starting: Starting | None = None,
+        cell_done: Callable[[Cell], None] | None = None,
     ) -> None:
         """`spread`: plan and claim configurations from a random start (for workers started
-        together); without it one runner measures them in the plan's order."""
+        together); without it one runner measures them in the plan's order. `starting` hears of
+        each measurement before it runs, `cell_done` of each cell left with nothing to do."""
         self.plan = plan
         self.storage = storage
         self.progress = progress or (lambda record, index, total: None)
         self.notice = notice or (lambda text: None)
         self.lease = lease or lease_from_env()
         self.spread = spread
+        self.starting = starting or (lambda cell, variant, params: None)
+        self.cell_done = cell_done or (lambda cell: None)
         self.me = claims.worker_name()
         self.interrupted = False
         self.measured_here: list[str] = []
@@ -116,6 +122,7 @@ class Sweep:
         if store.CELL_ATTR not in study.user_attrs:
             store.write_cell(study, cell)
             store.write_plan(study, plan_to_dict(self.plan))
+            store.write_metric_name(study, self.plan.rank_by)
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
@@ -162,6 +169,12 @@ class Sweep:
                 self.interrupted = True
         return self.results()
 
+    def planned(self) -> tuple[int, int]:
+        """Configurations measured so far by any runner, and to measure in all."""
+        self.open()
+        done = sum(c.measured() for c in self._cells)
+        return done, max(sum(c.budget for c in self._cells), done)
+
     def results(self) -> list[CellResult]:
         return [self._result(cell) for cell in self._cells]
 
@@ -195,6 +208,7 @@ class Sweep:
                 continue
             key = self._verdict_key(cell)
             if key is None or not claims.plan_cell(cell.study, [(key, {})], self.spread):
+                self.cell_done(cell.cell)
                 return True
 
     def _can_measure(self, cell: _OpenCell, key: str) -> bool:
@@ -243,15 +257,14 @@ class Sweep:
             timing=self.plan.timing,
             profiler=self.plan.profiler,
         )
+        self.starting(cell.cell, config.variant, dict(task.params))
         start = time.perf_counter()
         record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
         self.search_s += time.perf_counter() - start
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
-            done = sum(c.measured() for c in self._cells)
-            total = sum(c.budget for c in self._cells)
-            self.progress(record, done, max(total, done))
+            self.progress(record, *self.planned())
 
     def _contenders(self, result: CellResult) -> list[TrialRecord]:
         """The best configuration of every variant within `within` of the fastest (at least
@@ -299,6 +312,7 @@ class Sweep:
             timing=confirm.timing,
         )
         self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
+        self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
         start = time.perf_counter()
         outcome = worker.run(task, self.plan.timeout_s * max(len(chosen), 1))
         self.confirm_s += time.perf_counter() - start

@@ -68,7 +68,7 @@ def test_entry_point_variants_join_the_registry(tmp_path: Path) -> None:
     )
     env_command = [sys.executable, "-c",
                    f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
-                   "from fusionlab.cli import main; sys.exit(main(['list']))"]
+                   "from fusionlab.cli import main; sys.exit(main(['list', '--wide']))"]
     result = subprocess.run(env_command, capture_output=True, text=True, check=False,
                             cwd=tmp_path, timeout=120)
     assert result.returncode == 0, result.stderr

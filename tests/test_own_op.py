@@ -20,7 +20,7 @@ def test_an_op_from_a_plugin_is_swept_exported_and_dispatched(tmp_path: Path) ->
     listed = run_cli("list", "--plugin", PLUGIN, cwd=tmp_path)
     assert listed.returncode == 0 and "l2norm" in listed.stdout and "normalize" in listed.stdout
     swept = run_cli("sweep", "l2norm", "--plugin", PLUGIN, "--quick", "--storage", url,
-                    cwd=tmp_path)
+                    "--wide", cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr
     assert "vs naive" in swept.stdout and "vs normalize" in swept.stdout
     exported = run_cli("export", "l2norm", "--plugin", PLUGIN, "--storage", url, "--format",

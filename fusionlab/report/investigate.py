@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tabulate import tabulate
 
 from fusionlab import plan as planning
 from fusionlab.errors import UserError
@@ -21,22 +20,24 @@ from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, get_variant
+from fusionlab.report import fit
 from fusionlab.shapes import format_shape, parse_dtype, parse_shape
 
 
-def _prepare_trace_dir(path: str | None) -> str | None:
-    if path is None:
-        return None
+def prepare_folder(path: str, what: str) -> str:
+    """Create a folder for output files; one line to the user when it cannot be written."""
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise UserError(
-            f"cannot create trace dir {path!r} ({error.strerror}); pick another"
-        ) from None
+        raise UserError(f"cannot create {what} {path!r} ({error.strerror}); pick another") from None
     if not os.access(folder, os.W_OK):
-        raise UserError(f"trace dir {path!r} is not writable; pick another")
+        raise UserError(f"{what} {path!r} is not writable; pick another")
     return str(folder.resolve())
+
+
+def _prepare_trace_dir(path: str | None) -> str | None:
+    return None if path is None else prepare_folder(path, "trace dir")
 
 
 def _run(
@@ -132,42 +133,70 @@ def _report(
     trace_dir: str | None,
 ) -> None:
     spec, device = get_op(args.op), plan.device
+    width = 10**6 if args.wide else fit.terminal_width()
     (shape,), (dtype,) = plan.shapes, plan.dtypes
-    print(
+
+    def show(text: str) -> None:
+        print(fit.wrap(text, width))
+
+    show(
         f"{args.op} {format_shape(shape)} {dtype} on {device.type}: {plan.device_label}, "
         f"torch {torch.__version__}"
     )
-    print(
+    show(
         f"profiler: activities {[a.name for a in device.profiler_activities()]}, "
         f"{ProfilerSettings().describe()}"
     )
+    cropped = False
     for record in records:
         print(f"\n== {record.config_label()} ==")
-        print(record.profile_table or f"{record.status.value}: {record.message}")
+        if record.profile_table:
+            table, cut = fit.crop_fixed_table(record.profile_table, width)
+            cropped = cropped or cut
+            print(table)
+        else:
+            show(f"{record.status.value}: {record.message}")
     print()
-    print(
-        tabulate(
-            summary_rows(records, spec.baseline),
-            headers="keys",
-            tablefmt="simple",
-            disable_numparse=True,
-        )
-    )
+    rows = summary_rows(records, spec.baseline)
+    order = list(dict.fromkeys(key for row in rows for key in row))
+    text, left_out = fit.fit_table(rows, sorted(order, key=_importance), width, ["variant"])
+    print(text)
     sources = {r.fusion.source for r in records if r.fusion}
     for source in sorted(sources):
-        print(f"units of work - {source}")
+        show(f"units of work - {source}")
     for note in sorted({r.fusion.note for r in records if r.fusion and r.fusion.note}):
-        print(f"note: {note}")
+        show(f"note: {note}")
+    if cropped or left_out:
+        show(
+            "columns left out to fit the terminal: "
+            + ", ".join((["key_averages' right-hand columns"] if cropped else []) + left_out)
+            + " (--wide shows them)"
+        )
     print()
     for record in records:
-        print(verdict(record))
+        show(verdict(record))
     traces = [r.trace_file for r in records if r.trace_file]
     if traces:
         print("\ntraces (open in https://ui.perfetto.dev or chrome://tracing):")
         for path in traces:
             print(f"  {path}")
     if trace_dir and device.profile_viewer:
-        print(f"{device.type} device profile: {trace_dir} (open with {device.profile_viewer})")
+        show(f"{device.type} device profile: {trace_dir} (open with {device.profile_viewer})")
+
+
+def _importance(column: str) -> int:
+    """Summary columns most important first: the variant, how it ran, its speed, its fusion."""
+    order = (
+        lambda c: c == "variant",
+        lambda c: c == "status",
+        lambda c: c == "wall ms/call",
+        lambda c: c.startswith("vs "),
+        lambda c: c.endswith("ops/call"),
+        lambda c: c == "MB/call",
+        lambda c: c.startswith("idle"),
+        lambda c: c == "device us/call",
+    )
+    return next((i for i, matches in enumerate(order) if matches(column)), len(order))
 
 
 def _plan(args: argparse.Namespace, variants: str | None) -> planning.SweepPlan:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusionlab.registry import get_op
+from fusionlab.report.fit import fit_table, pick_columns
 from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
 from fusionlab.search.results_store import CellResult
 from fusionlab.shapes import format_shape
@@ -168,3 +169,78 @@ def display_rows(
             text.pop("device")
         shown.append(text)
     return shown
+
+
+def _decision_with_interval(row: dict[str, Any]) -> str | None:
+    """`decision ratio [low, high]`: how sure, in one cell of a narrow table."""
+    if row.get("decision") is None:
+        return None
+    ratio = row.get("ratio")
+    return f"{row['decision']} {ratio}" if ratio else str(row["decision"])
+
+
+def _winner(row: dict[str, Any]) -> str | None:
+    params = row.get("params")
+    if params is None or params == "-":
+        return row.get("fastest")
+    return f"{row['fastest']} ({params})"
+
+
+# The terminal's own columns: the winner with its parameters, and the decision with its interval.
+_COMPACT = {
+    "winner": ("winner", _winner),
+    "decided": ("decision [95% CI]", _decision_with_interval),
+}
+_COVERS = {"winner": ("fastest", "params"), "decided": ("decision", "ratio")}
+# What a narrow terminal shows, most important first; columns drop from the end to fit.
+TERMINAL_PRIORITY = (
+    "shape",
+    "dtype",
+    "winner",
+    "decided",
+    "speedup_vs_baseline",
+    "speedup_vs_builtin",
+    "median_ms",
+    "pct_fresh_copy",
+    "pct_inplace_copy",
+    "failed",
+)
+
+
+def column_keys() -> list[str]:
+    """Every name `--columns` accepts."""
+    return [c.key for c in columns()] + list(_COMPACT)
+
+
+def terminal_table(
+    rows: list[dict[str, Any]],
+    op: str,
+    width: int,
+    wide: bool = False,
+    chosen: str | None = None,
+    with_device: bool = False,
+    fmt: str = "simple",
+) -> tuple[str, list[str]]:
+    """The best-config table for a terminal `width` columns wide: the essentials that fit, every
+    column with `wide`, or the `chosen` ones (`--columns a,b,c`). Returns the text and the column
+    keys left out."""
+    spec = get_op(op)
+    full = columns(spec.baseline, spec.builtin)
+    headers = {c.key: c.header for c in full} | {k: h for k, (h, _) in _COMPACT.items()}
+    shown = display_rows(rows, op)
+    for row, text in zip(rows, shown, strict=True):
+        for header, value_of in _COMPACT.values():
+            value = value_of(row)
+            text[header] = "-" if value is None else value
+    if chosen is not None:
+        keys = pick_columns(chosen, column_keys())
+        return fit_table(shown, [headers[k] for k in keys], 10**6, fmt=fmt)[0], []
+    if wide:
+        keys = [c.key for c in full if with_device or c.key != "device"]
+        return fit_table(shown, [headers[k] for k in keys], 10**6, fmt=fmt)[0], []
+    keys = (["device"] if with_device else []) + list(TERMINAL_PRIORITY)
+    text, left_out = fit_table(shown, [headers[k] for k in keys], width, [headers["winner"]], fmt)
+    shown_keys = {k for k in keys if headers[k] not in left_out}
+    shown_keys |= {covered for k in shown_keys for covered in _COVERS.get(k, ())}
+    rest = [c.key for c in full if c.key not in shown_keys and c.key != "device"]
+    return text, rest
