@@ -185,3 +185,33 @@ def test_unknown_first_use_ranks_last_by_cost() -> None:
     assert ranked_by_cost([unknown, known], calls=10) == [
         ("builtin", pytest.approx(11.0, rel=0.02)), ("cpp", None)
     ]
+
+
+def test_latency_is_the_median_of_the_round_medians_worked_by_hand() -> None:
+    # Round medians, odd and even sample counts: 2.0, 3.5, 5.0, 2.0, 3.0 -> their median 3.0.
+    rounds = [[9.0, 1.0, 2.0], [1.0, 8.0, 3.0, 4.0], [5.0], [2.0, 2.0], [0.5, 7.0, 3.0]]
+    verdict = decide([Contender("only", "custom", 1.0, rounds)])
+    assert verdict.latency_ms == {"only": 3.0}
+    assert (verdict.ranking, verdict.winner, verdict.runner_up) == (["only"], "only", None)
+    assert verdict.reason == "only contender" and not verdict.tie
+
+
+def test_contenders_without_samples_are_refused() -> None:
+    with pytest.raises(ValueError, match="no contenders"):
+        decide([])
+    empty_round = Contender("b", "builtin", 1.0, [[1.0]] * (ROUNDS - 1) + [[]])
+    with pytest.raises(ValueError, match="b: every round needs at least one sample"):
+        decide([_contender("a", "custom", 1.0, 0.01, seed=40), empty_round])
+
+
+def test_an_unknown_kind_ranks_after_every_known_one_in_a_tie() -> None:
+    verdict = decide([
+        _contender("mystery", "hand-rolled", 1.0, 0.03, seed=41),
+        _contender("cpp", "custom", 1.0, 0.03, seed=42),
+    ])
+    assert verdict.tie and verdict.winner == "cpp"
+
+
+def test_break_even_divides_the_first_use_gap_by_the_latency_gap() -> None:
+    assert break_even_calls(100.0, 1.0, 0.0, 5.0) == pytest.approx(25.0)
+    assert break_even_calls(5.0, 1.0, 5.0, 1.0) is None  # never strictly cheaper
