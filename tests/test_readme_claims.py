@@ -147,10 +147,12 @@ def test_ctrl_c_on_sweep_with_workers_stops_them_all_and_the_same_command_resume
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=_own_group_interruptible)
     try:
+        # Ctrl-C while both workers measure (a worker still starting up is another matter: see
+        # the closing note of issue 20).
         deadline = time.monotonic() + 300
-        while not any(_running(url)) and time.monotonic() < deadline:
+        while len(set(_running(url))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert any(_running(url)), "no worker claimed anything"
+        assert len(set(_running(url))) == 2, "the two workers never measured at once"
         os.killpg(sweep.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         _, err = sweep.communicate(timeout=300)
     finally:
