@@ -188,12 +188,25 @@ def test_unknown_first_use_ranks_last_by_cost() -> None:
 
 
 def test_latency_is_the_median_of_the_round_medians_worked_by_hand() -> None:
-    # Round medians, odd and even sample counts: 2.0, 3.5, 5.0, 2.0, 3.0 -> their median 3.0.
-    rounds = [[9.0, 1.0, 2.0], [1.0, 8.0, 3.0, 4.0], [5.0], [2.0, 2.0], [0.5, 7.0, 3.0]]
+    # Round medians, odd and even sample counts: 2.0, 3.5, 5.0, 2.0, 6.0 -> their median 3.5.
+    rounds = [[9.0, 1.0, 2.0], [1.0, 8.0, 3.0, 4.0], [5.0], [2.0, 2.0], [6.0]]
     verdict = decide([Contender("only", "custom", 1.0, rounds)])
-    assert verdict.latency_ms == {"only": 3.0}
+    assert verdict.latency_ms == {"only": 3.5}
     assert (verdict.ranking, verdict.winner, verdict.runner_up) == (["only"], "only", None)
+    assert verdict.tie_group == ["only"]
     assert verdict.reason == "only contender" and not verdict.tie
+    slower = Contender("slower", "custom", 1.0, [[3 * v for v in r] for r in rounds])
+    pair = decide([slower, Contender("only", "custom", 1.0, rounds)])
+    assert pair.latency_ms == {"only": 3.5, "slower": 10.5}
+    assert pair.winner == "only" and pair.ratio == pytest.approx(3.0)
+
+
+def test_a_tie_goes_to_the_contender_whose_first_use_is_known() -> None:
+    verdict = decide([
+        _contender("unknown", "custom", 1.0, 0.03, seed=43, first_use_ms=None),
+        _contender("known", "custom", 1.0, 0.03, seed=44, first_use_ms=500.0),
+    ])
+    assert verdict.tie and verdict.winner == "known"
 
 
 def test_contenders_without_samples_are_refused() -> None:
