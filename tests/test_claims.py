@@ -19,7 +19,10 @@ from pg_cluster import postgres_url  # noqa: F401  (fixture)
 from fusionlab.search import claims
 from fusionlab.search.storage import open_storage
 
-LEASE = claims.Lease(seconds=2.0, renew_s=0.25)
+# 32 renewal periods per lease: a holder whose renewals a loaded 2-core machine delays by seconds
+# keeps its claim (a 2 s lease was taken over from live holders under load, and their next
+# renewal then failed on the finished trial).
+LEASE = claims.Lease(seconds=8.0, renew_s=0.25)
 SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -72,12 +75,20 @@ def _worker(url: str, name: str, n: int, barrier: Any, hung: Any = None) -> None
     if barrier is not None:
         barrier.wait(timeout=60)
     study = _study(url, name)
+    first = [True]
 
     def measure(claim: claims.Claim) -> tuple[float | None, dict[str, Any]]:
         x = claim.trial.suggest_int("x", 0, n - 1)  # replays the enqueued value
         if hung is not None:
             hung.put(claim.key)
             time.sleep(600)
+        if barrier is not None and first[0]:
+            # Hold the first claim until another worker holds one too, so the cell is shared
+            # however late the scheduler of a loaded machine starts the others.
+            first[0] = False
+            deadline = time.monotonic() + 60
+            while len(claims.status(study).running) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
         time.sleep(0.005)
         return float(x), {"pid": os.getpid()}
 
@@ -162,15 +173,21 @@ def test_planning_twice_leaves_twins_that_are_pruned_not_measured(url: str) -> N
 
 
 def test_lease_is_renewed_while_held_and_expires_when_holder_stops(url: str) -> None:
-    lease = claims.Lease(seconds=1.0, renew_s=0.2)
+    # A lease 15x its renewal period: the live holder's renewals keep it however slowly a
+    # loaded machine schedules them; the silent one expires a few seconds after it stops.
+    lease = claims.Lease(seconds=3.0, renew_s=0.2)
     study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
     claims.plan_cell(study, _configs(2))
     alive = claims.claim_next(study, "alive:1", lease)
     silent = claims.claim_next(study, "silent:2", lease)
     assert alive is not None and silent is not None
     silent._end()  # its renewals stop, as if its process froze
-    time.sleep(1.6)
-    assert claims.take_over_stale(study, lease) == 1  # only the silent one
+    stopped, taken = time.monotonic(), 0
+    while taken == 0 and time.monotonic() < stopped + 60:
+        time.sleep(0.25)
+        taken = claims.take_over_stale(study, lease)
+    assert taken == 1  # only the silent one
+    assert time.monotonic() - stopped >= lease.seconds - 0.5  # not before its lease ran out
     assert claims.status(study).running == {"alive:1": 1}
     assert alive.finish(1.0) and not silent.finish(2.0)
     retry = claims.claim_next(study, "other:3", lease)

@@ -17,8 +17,10 @@ from fusionlab.report.tables import best_rows, display_rows
 from fusionlab.report.winners import cell_winner
 
 PLUGIN = str(PLUGINS / "misbehaving.py")
+# The timeout ends the hanging variant; honest trials must fit in it with room to spare: on this
+# 2-core machine under a load of 15, an honest trial of these shapes took about 10 s.
 SWEEP = ["sweep", "rmsnorm", "--quick", "--shapes", "2x64,3x100", "--dtypes", "float32",
-         "--variants", "naive,builtin,wrong,aborts,hangs", "--plugin", PLUGIN, "--timeout", "8"]
+         "--variants", "naive,builtin,wrong,aborts,hangs", "--plugin", PLUGIN, "--timeout", "45"]
 
 
 def _trial_count(db: Path) -> int:
@@ -127,3 +129,49 @@ def test_exports_parse_back_to_the_same_rows(swept, fmt: str, tmp_path: Path) ->
     shown = display_rows(rows, "rmsnorm")
     expected = [list(shown[0])] + [list(row.values()) for row in shown]
     assert _parse(fmt, out.read_text()) == expected
+
+
+def _number(text: str) -> float:
+    return float(text.rstrip("x"))
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "latex", "html", "json"])
+def test_exports_carry_the_values_of_the_stored_records(swept, fmt: str, tmp_path: Path) -> None:
+    """Each exported row against values computed here from the stored records themselves (the
+    stored verdict's winner, its medians, bytes over time), not from the renderers' functions."""
+    _, url, _ = swept
+    out = tmp_path / f"best.{'tex' if fmt == 'latex' else fmt}"
+    assert run_cli("export", "rmsnorm", "--storage", url, "-o", str(out), cwd=tmp_path)\
+        .returncode == 0
+    if fmt == "json":
+        rows = json.loads(out.read_text())["rows"]
+        keys = {"median ms": "median_ms", "warm ms": "warm_ms", "cold ms": "cold_ms",
+                "vs naive": "speedup_vs_baseline", "vs builtin": "speedup_vs_builtin",
+                "GB/s": "gbps"}
+        rows = [{**row, **{header: str(row[key]) for header, key in keys.items()}}
+                for row in rows]
+    else:
+        header, *body = _parse(fmt, out.read_text())
+        rows = [dict(zip(header, row, strict=True)) for row in body]
+    cells = {(f"{c.cell.shape[0]}x{c.cell.shape[1]}", c.cell.dtype): c
+             for c in stored_cells("rmsnorm", url)}
+    assert sorted((row["shape"], row["dtype"]) for row in rows) == sorted(cells)
+    exact = fmt == "json"
+    for row in rows:
+        cell = cells[(row["shape"], row["dtype"])]
+        records = {r.variant: r for r in cell.records}
+        winner = records[cell.verdicts["cold"]["winner"]]
+        cold_ms, warm_ms = winner.cold.median_ms, winner.timing.median_ms
+        assert row["fastest"] == winner.variant
+        expected = {
+            "median ms": cold_ms, "cold ms": cold_ms, "warm ms": warm_ms,
+            "vs naive": records["naive"].cold.median_ms / cold_ms,
+            "vs builtin": records["builtin"].cold.median_ms / cold_ms,
+            "GB/s": winner.bytes_moved / (cold_ms * 1e-3) / 1e9,
+        }
+        for column, value in expected.items():
+            # Text shows 3 significant digits, speedups 2 decimals; JSON keeps the numbers.
+            tolerance = {"rel": 1e-12} if exact else (
+                {"abs": 0.006} if column.startswith("vs ") else {"rel": 0.006})
+            assert _number(row[column]) == pytest.approx(value, **tolerance), (column, row)
+        assert row["failed"] == "3/5 (1 crashed, 1 incorrect, 1 timeout)"

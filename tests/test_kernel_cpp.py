@@ -25,12 +25,49 @@ TOL = {
 }
 
 
+_LOAD_AND_SAY = (
+    "import os, torch\n"
+    "from fusionlab.kernels.rmsnorm import cpu_cpp\n"
+    "print(os.getpid(), cpu_cpp.load_extension())\n"
+    "print(*(p for p in torch.ops.loaded_libraries if 'rmsnorm_cpu_' in p))\n"
+)
+
+
+def _load_in_subprocess(cache: Path) -> tuple[int, float, Path]:
+    """A new process loads the extension with `cache` as its cache: (pid, seconds, library)."""
+    env = {**os.environ, "FUSIONLAB_CACHE_DIR": str(cache)}
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_AND_SAY], env=env, capture_output=True, text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    first, library = result.stdout.splitlines()
+    pid, seconds = first.split()
+    return int(pid), float(seconds), Path(library)
+
+
+def _builds(cache: Path) -> list[list[str]]:
+    return [line.split("\t") for line in (cache / "builds.log").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def fresh_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache directory the extension was built into from nothing, by a process of its own
+    (this one may have loaded the extension already, from another test file's cache)."""
+    cache = tmp_path_factory.mktemp("fusionlab_cache")
+    pid, seconds, library = _load_in_subprocess(cache)
+    assert [(name, int(by)) for name, by, _ in _builds(cache)] == [(library.parent.name, pid)]
+    assert library.is_relative_to(cache) and seconds > 0.0
+    return cache
+
+
 @pytest.fixture(scope="session", autouse=True)
-def build_seconds(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """Builds the extension once per session into a fresh cache directory."""
+def extension_loaded(fresh_cache: Path) -> None:
+    """This process runs the extension from the fresh cache, unless it loaded it already (the
+    same sources and flags: the cache key is their hash)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FUSIONLAB_CACHE_DIR", str(tmp_path_factory.mktemp("fusionlab_cache")))
-        return cpu_cpp.load_extension()
+        mp.setenv("FUSIONLAB_CACHE_DIR", str(fresh_cache))
+        cpu_cpp.load_extension()
 
 
 def make(
@@ -152,23 +189,11 @@ def test_missing_compiler_is_reported_not_raised(monkeypatch):
     assert reason is not None and "no-such-c++-compiler" in reason
 
 
-def test_second_process_loads_from_cache():
-    (library,) = (
-        Path(p) for p in torch.ops.loaded_libraries if Path(p).name.startswith("rmsnorm_cpu_")
-    )
+def test_second_process_loads_from_cache(fresh_cache: Path):
+    (built,) = _builds(fresh_cache)
+    library = fresh_cache / "cpp" / built[0] / f"{built[0]}.so"
     mtime = library.stat().st_mtime_ns
-    code = (
-        "import torch\n"
-        "from fusionlab.kernels.rmsnorm import cpu_cpp\n"
-        "print(cpu_cpp.load_extension())\n"
-        "print(*(p for p in torch.ops.loaded_libraries if 'rmsnorm_cpu_' in p))\n"
-    )
-    env = {**os.environ, "FUSIONLAB_CACHE_DIR": str(library.parents[2])}
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    seconds, loaded = result.stdout.splitlines()
-    assert float(seconds) > 0.0
-    assert loaded == str(library)
+    _, seconds, loaded = _load_in_subprocess(fresh_cache)
+    assert loaded == library and seconds > 0.0
+    assert _builds(fresh_cache) == [built], "a second process built the extension again"
     assert library.stat().st_mtime_ns == mtime, "the cached library was rebuilt"

@@ -1,12 +1,14 @@
 """Using the winners at runtime: exact, nearest and fallback dispatch, with correct results."""
 
+import json
 from pathlib import Path
 
 import torch
+from conftest import PLUGINS, run_cli
 
 from fusionlab import Dispatcher, sweep
 from fusionlab.measure.timing import TimingSettings
-from fusionlab.registry import get_op, get_variant
+from fusionlab.registry import get_op, get_variant, load_plugin
 from fusionlab.report.winners import cell_winner
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
@@ -31,6 +33,40 @@ def test_dispatcher_uses_the_stored_winner(tmp_path: Path) -> None:
         inputs = spec.make_inputs(shape, torch.float32, torch.device("cpu"), 5)
         torch.testing.assert_close(dispatch(*inputs).double(), spec.reference(inputs)[0],
                                    atol=1e-4, rtol=1e-4)
+
+
+SHAPE_DEPENDENT = str(PLUGINS / "shape_dependent.py")
+
+
+def test_dispatcher_picks_the_variant_known_to_win_each_shape(tmp_path: Path) -> None:
+    """The plugin's variants are slow on purpose at few or at many rows, so the winner of each
+    cell is known before the sweep; the Dispatcher (from storage and from an exported winners
+    file) must pick it, build it, and return its correct result."""
+    url = f"sqlite:///{tmp_path / 'shapes.db'}"
+    swept = run_cli("sweep", "rmsnorm", "--quick", "--plugin", SHAPE_DEPENDENT,
+                    "--shapes", "4x64,64x64", "--dtypes", "float32",
+                    "--variants", "slow-on-few-rows,slow-on-many-rows", "--storage", url,
+                    cwd=tmp_path)
+    assert swept.returncode == 0, swept.stderr
+    exported = run_cli("export", "rmsnorm", "--plugin", SHAPE_DEPENDENT, "--storage", url,
+                       "--format", "json", "-o", "winners.json", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads((tmp_path / "winners.json").read_text())["rows"]
+    spec = get_op("rmsnorm")
+    known = {(4, 64): "slow-on-many-rows", (64, 64): "slow-on-few-rows"}
+    load_plugin(SHAPE_DEPENDENT)
+    for dispatch in (Dispatcher("rmsnorm", storage=url),
+                     Dispatcher("rmsnorm", winners=str(tmp_path / "winners.json"))):
+        for shape, winner in known.items():
+            choice = dispatch.choose(shape, torch.float32, "cpu")
+            assert (choice.variant, choice.match) == (winner, "exact")
+        # 2 x 40 rows: nearest stored row count is 64, whose winner is slow at few rows.
+        nearest = dispatch.choose((2, 40, 64), torch.float32, "cpu")
+        assert (nearest.variant, nearest.match) == ("slow-on-few-rows", "nearest")
+        for shape in [(4, 64), (64, 64), (2, 40, 64)]:
+            inputs = spec.make_inputs(shape, torch.float32, torch.device("cpu"), 5)
+            torch.testing.assert_close(dispatch(*inputs).double(), spec.reference(inputs)[0],
+                                       atol=1e-4, rtol=1e-4)
 
 
 def test_many_compiled_kernels_never_fall_back_to_eager() -> None:

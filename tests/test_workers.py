@@ -5,6 +5,7 @@ every configuration measured exactly once, a SIGKILLed worker's claim finished b
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,24 +82,44 @@ def _config_sets(url: str) -> dict[str, Counter]:
     return {s.study_name: _measured(s) for s in _cells(url)}
 
 
+def _measured_by_worker(url: str) -> Counter:
+    """How many configurations (re-measurements aside) each worker's records hold."""
+    return Counter(
+        t.user_attrs["worker"]
+        for study in _cells(url)
+        for t in study.get_trials(deepcopy=False)
+        if store.RECORD_ATTR in t.user_attrs
+        and not store.is_verdict_key(t.user_attrs.get("config", ""))
+    )
+
+
+def _done_lines(stderr: str) -> dict[str, int]:
+    """worker name -> configurations it says it measured, from "worker H:P: done, ..." lines."""
+    found = re.findall(r"^worker (\S+): done, measured (\d+) configurations$", stderr, re.M)
+    return {name: int(count) for name, count in found}
+
+
 def test_workers_measure_the_one_worker_configuration_set_once(url: str, tmp_path) -> None:
     alone = f"journal:{tmp_path / 'alone.log'}"
     single = _fusionlab(*SWEEP, "--storage", alone)
     assert single.returncode == 0, single.stderr
-    many = _fusionlab(*SWEEP, "--storage", url, "--workers", "3")
+    # Setups long enough that a worker whose start lags by seconds on a loaded machine still
+    # finds configurations left to claim.
+    many = _fusionlab(*SWEEP, "--storage", url, "--workers", "3",
+                      env=_env(FUSIONLAB_TEST_SETUP_S="1.0"))
     assert many.returncode == 0, many.stderr
     expected = {name: set(counts) for name, counts in _config_sets(alone).items()}
     got = _config_sets(url)
     assert {name: set(counts) for name, counts in got.items()} == expected
     assert all(n == 1 for counts in got.values() for n in counts.values()), got
     assert all(len(counts) == CONFIGS_PER_CELL for counts in got.values())
-    # Every worker took part, and the table is printed once, by the sweep command.
-    workers = {
-        line.split()[1].rstrip(":")
-        for line in many.stderr.splitlines()
-        if line.startswith("worker ")
-    }
-    assert len(workers) == 3, many.stderr
+    # Every worker measured: three workers' records are in the storage, each with some, and
+    # each worker's own count (its last line) is what the storage holds in its name.
+    by_worker = _measured_by_worker(url)
+    assert len(by_worker) == 3 and all(n > 0 for n in by_worker.values()), by_worker
+    assert sum(by_worker.values()) == 2 * CONFIGS_PER_CELL
+    assert _done_lines(many.stderr) == dict(by_worker), many.stderr
+    # The table is printed once, by the sweep command.
     assert sum(line.startswith("shape ") for line in many.stdout.splitlines()) == 1
     for study in _cells(url):
         assert study.user_attrs[store.VERDICT_ATTR]["cold"]["winner"]

@@ -78,7 +78,13 @@ class TrialWorker:
             args=(child, self._plugins, self._modules, self.log_path, self._threads),
             daemon=True,
         )
-        process.start()
+        # Ctrl-C is the parent's to handle: blocked across the start, the child never sees it,
+        # not even during its interpreter's start-up (which would die of it with a traceback).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
         if not parent.poll(_READY_TIMEOUT_S) or parent.recv() != "ready":
             process.kill()

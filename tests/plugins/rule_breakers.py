@@ -1,0 +1,238 @@
+"""Variants (and two small ops) that each break one rule of the gate, and only that one, so a test
+can show the rule is what catches them: take the rule away and the variant would pass.
+
+`tests/test_gate_rules.py` runs every one through a real trial; the crashing and hanging ones run
+in the isolated worker process, as a sweep runs them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import time
+
+import numpy as np
+import torch
+
+from fusionlab import OpSpec, Tolerance, register_op, register_variant
+from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+
+CPU = ("cpu",)
+# Scales x in place on later calls: RMSNorm of c*x is RMSNorm of x (eps aside), so every output
+# stays right and only the input-set check can see the change. 1 + 2**-10 never overflows here.
+_SCALE = 1.0 + 2.0**-10
+
+
+def _copy_inputs(shape, dtype, device, seed):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=generator).to(device=device, dtype=dtype),)
+
+
+def _copy_reference(inputs):
+    return (inputs[0].double().cpu(),)
+
+
+def _copy_op(name: str, claimed_factor: int) -> OpSpec:
+    """y = x: the op where handing back the input is right in value and wrong in memory.
+    `claimed_factor` > 1 makes the spec claim more bytes than a copy moves."""
+    return register_op(OpSpec(
+        name=name,
+        description="y = a fresh copy of x" + (" (claims too many bytes)" if claimed_factor > 1
+                                               else ""),
+        inputs=("x",),
+        outputs=("y",),
+        make_inputs=_copy_inputs,
+        reference=_copy_reference,
+        bytes_moved=lambda shape, dtype: claimed_factor * 2 * math.prod(shape) * dtype.itemsize,
+        tolerance=lambda dtype: Tolerance(0.0, 0.0),
+        baseline="clone",
+        builtin="clone",
+        default_shapes="64x256",
+        quick_shapes="64x256",
+    ))
+
+
+_copy_op("rbcopy", 1)
+# An honest clone measured against a spec that claims 10 000x the bytes: its bandwidth is then
+# far beyond what the device can copy, the case the copy-bandwidth rule exists for.
+_copy_op("rbcopy_overclaimed", 10_000)
+
+
+def _clone(device_type: str):
+    return lambda x: x.clone()
+
+
+register_variant("rbcopy", "clone", devices=CPU, kind="baseline")(_clone)
+register_variant("rbcopy_overclaimed", "clone", devices=CPU, kind="baseline")(_clone)
+
+
+@register_variant("rbcopy", "rb-returns-input", devices=CPU)
+def returns_input(device_type: str):
+    """Right values, input untouched, but the output is the input's own memory."""
+    return lambda x: x
+
+
+@register_variant("rmsnorm", "rb-off-by-eps", devices=CPU)
+def off_by_eps(device_type: str):
+    """Wrong values on every call (eps of 0.1)."""
+    return lambda x, weight, eps: naive_rmsnorm(x, weight, 1e-1)
+
+
+@register_variant("rmsnorm", "rb-wrong-after-first", devices=CPU)
+def wrong_after_first(device_type: str):
+    """Right on the first call, then off by half in fresh memory: only timed calls show it."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        out = naive_rmsnorm(x, weight, eps)
+        return out if next(calls) == 0 else out * 1.5
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-mutates-weight", devices=CPU)
+def mutates_weight(device_type: str):
+    """Right answer, but the first call scales the weight it was given."""
+
+    def kernel(x, weight, eps):
+        out = naive_rmsnorm(x, weight, eps)
+        weight.mul_(1.0001)
+        return out
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-scales-input-later", devices=CPU)
+def scales_input_later(device_type: str):
+    """Right answer on every call, but from the second call on it scales its x in place."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        out = naive_rmsnorm(x, weight, eps)
+        if next(calls) > 0:
+            x.mul_(_SCALE)
+        return out
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-corrupts-input-later", devices=CPU)
+def corrupts_input_later(device_type: str):
+    """Right on the first call; from then on it negates its x after computing the answer."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        out = naive_rmsnorm(x, weight, eps)
+        if next(calls) > 0:
+            x.neg_()
+        return out
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-cache-by-pointer", devices=CPU)
+def cache_by_pointer(device_type: str):
+    """Computes once per input address and hands back a fresh copy of that result after."""
+    cache: dict[int, torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        key = x.data_ptr()
+        if key not in cache:
+            cache[key] = naive_rmsnorm(x, weight, eps)
+        return cache[key].clone()
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-static-buffer", devices=CPU)
+def static_buffer(device_type: str):
+    """Right values, written into one buffer it hands out on every call."""
+    buffer: list[torch.Tensor] = []
+
+    def kernel(x, weight, eps):
+        out = naive_rmsnorm(x, weight, eps)
+        if not buffer:
+            buffer.append(torch.empty_like(out))
+        return buffer[0].copy_(out)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-raises-first", devices=CPU)
+def raises_first(device_type: str):
+    """Its first call raises a plain Python error."""
+
+    def kernel(x, weight, eps):
+        raise ValueError("kernel refuses")
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-raises-later", devices=CPU)
+def raises_later(device_type: str):
+    """Right on the first call, raises on the fifth."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        if next(calls) == 4:
+            raise RuntimeError("kernel gave up on call 5")
+        return naive_rmsnorm(x, weight, eps)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-setup-fails", devices=CPU)
+def setup_fails(device_type: str):
+    """The factory itself fails (a build that does not compile)."""
+    raise RuntimeError("cannot build")
+
+
+@register_variant("rmsnorm", "rb-graph-break-fullgraph", devices=CPU)
+def graph_break_fullgraph(device_type: str):
+    """torch.compile(fullgraph=True) of code with a graph break: the first call fails to compile."""
+
+    def chain(x, weight, eps):
+        h = x.float()
+        torch._dynamo.graph_break()
+        return naive_rmsnorm(h, weight, eps).to(x.dtype)
+
+    return torch.compile(chain, fullgraph=True, backend="eager")
+
+
+@register_variant("rmsnorm", "rb-numpy-hidden", devices=CPU, dtypes=("float32",))
+def numpy_hidden(device_type: str):
+    """Right values, computed in NumPy: no operator the profiler can see does the work."""
+
+    def kernel(x, weight, eps):
+        h = x.numpy()
+        scale = 1.0 / np.sqrt((h * h).mean(-1, keepdims=True) + eps)
+        return torch.from_numpy((h * scale * weight.numpy()).astype(np.float32))
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-hangs-later", devices=CPU)
+def hangs_later(device_type: str):
+    """Right on the first call, then never returns."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        if next(calls) > 0:
+            time.sleep(3600)
+        return naive_rmsnorm(x, weight, eps)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-exits-later", devices=CPU)
+def exits_later(device_type: str):
+    """Right on the first call, then ends its process with exit code 3."""
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        if next(calls) > 0:
+            os._exit(3)
+        return naive_rmsnorm(x, weight, eps)
+
+    return kernel

@@ -1,0 +1,182 @@
+"""Every rule of the gate and every status, end to end through a real trial.
+
+Each variant in `tests/plugins/rule_breakers.py` breaks one rule and is otherwise honest, so each
+test fails when its rule is taken out of `fusionlab/measure/` (checked by removing each rule in
+turn; the list is in the closing note of issue 20). The assertions name the rule's own message,
+so a different rule catching the variant by luck does not count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import PLUGINS, cpu_cell
+
+from fusionlab.measure import trial
+from fusionlab.measure.limits import size_class
+from fusionlab.measure.timing import TimingSettings
+from fusionlab.measure.trial import TrialTask, run_trial
+from fusionlab.measure.worker import TrialWorker
+from fusionlab.records import CopyLimits, Status, TrialRecord
+from fusionlab.registry import load_plugin
+
+PLUGIN = str(PLUGINS / "rule_breakers.py")
+load_plugin(PLUGIN)
+
+FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
+RMS_SHAPE = (4, 96)
+COPY_SHAPE = (64, 256)
+
+
+def _trial(variant: str, op: str = "rmsnorm", shape: tuple[int, ...] = RMS_SHAPE) -> TrialRecord:
+    return run_trial(TrialTask(cpu_cell(op, shape), variant, {}, seed=11, timing=FAST))
+
+
+def _in_worker(variant: str, timeout_s: float) -> TrialRecord:
+    task = TrialTask(cpu_cell("rmsnorm", RMS_SHAPE), variant, {}, seed=11, timing=FAST)
+    with TrialWorker([PLUGIN]) as worker:
+        return TrialRecord.from_dict(worker.run(task, timeout_s))
+
+
+def _assert_status(record: TrialRecord, status: Status, *phrases: str) -> None:
+    assert record.status is status, (record.status, record.message)
+    for phrase in phrases:
+        assert phrase in record.message, record.message
+
+
+# --- the honest controls: the rules below do not flag everything ---------------------------
+
+
+@pytest.mark.parametrize(("op", "variant", "shape"), [
+    ("rmsnorm", "naive", RMS_SHAPE),
+    ("rbcopy", "clone", COPY_SHAPE),
+])
+def test_an_honest_variant_passes_every_rule(op: str, variant: str, shape) -> None:
+    record = _trial(variant, op, shape)
+    assert record.status is Status.PASSED, record.message
+    assert record.timing is not None and record.fusion is not None
+    assert record.fusion.device_ops and record.fusion.device_ops >= 1
+
+
+# --- incorrect --------------------------------------------------------------------------
+
+
+def test_wrong_values_are_incorrect() -> None:
+    record = _trial("rb-off-by-eps")
+    _assert_status(record, Status.INCORRECT, "y: max abs error", "exceeds atol=")
+
+
+def test_values_wrong_only_after_the_first_call_are_caught_in_the_timed_calls() -> None:
+    record = _trial("rb-wrong-after-first")
+    _assert_status(record, Status.INCORRECT, "in timed call")
+
+
+def test_a_first_call_that_changes_an_undeclared_input_is_incorrect() -> None:
+    record = _trial("rb-mutates-weight")
+    _assert_status(record, Status.INCORRECT, "modified input 'weight'", "does not declare")
+
+
+def test_input_sets_changed_by_later_calls_with_right_outputs_are_incorrect() -> None:
+    """Every output is right (RMSNorm ignores the scale of x), the first call leaves its inputs
+    alone: only the input-set check after timing can see what the later calls did."""
+    record = _trial("rb-scales-input-later")
+    _assert_status(record, Status.INCORRECT, "the calls modified input set(s)")
+
+
+def test_a_variant_that_changes_its_inputs_only_on_later_calls_is_incorrect() -> None:
+    """It negates x after computing on calls 2, 3, ...: the first-call gate sees nothing."""
+    record = _trial("rb-corrupts-input-later")
+    assert record.status is Status.INCORRECT, record.message
+    assert "timed call" in record.message or "modified input set" in record.message
+
+
+# --- reused_memory ------------------------------------------------------------------------
+
+
+def test_an_output_that_is_the_unchanged_input_is_reused_memory() -> None:
+    """y = x is right in value and leaves x alone: only the alias rule can refuse it."""
+    record = _trial("rb-returns-input", "rbcopy", COPY_SHAPE)
+    _assert_status(record, Status.REUSED_MEMORY, "y aliases input 'x'")
+
+
+def test_one_buffer_handed_out_on_every_call_is_reused_memory() -> None:
+    record = _trial("rb-static-buffer")
+    _assert_status(record, Status.REUSED_MEMORY, "reuses the storage of an output")
+
+
+# --- stale_result -------------------------------------------------------------------------
+
+
+def test_a_result_cached_by_input_address_is_stale() -> None:
+    record = _trial("rb-cache-by-pointer")
+    _assert_status(record, Status.STALE_RESULT, "changed in place", "same address")
+
+
+# --- suspicious ---------------------------------------------------------------------------
+
+
+def test_bandwidth_beyond_the_devices_copy_is_suspicious() -> None:
+    """An honest clone, measured against a spec that claims 10 000x the bytes it moves."""
+    record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
+    _assert_status(record, Status.SUSPICIOUS, "flagged above 3x")
+    assert record.timing is not None  # it was timed, then refused
+
+
+def test_work_the_profiler_cannot_see_is_suspicious() -> None:
+    record = _trial("rb-numpy-hidden")
+    _assert_status(record, Status.SUSPICIOUS, "0 device ops per call")
+
+
+def test_the_copy_is_measured_again_before_a_suspicious_verdict() -> None:
+    """A copy limit measured in a busy moment (here: planted at a millionth of a real one) must
+    not condemn an honest variant: the worker measures the copy anew before the verdict."""
+    shape = (4, 112)  # a size class of its own, so no earlier trial measured its copy
+    cell = cpu_cell("rmsnorm", shape)
+    nbytes = shape[0] * shape[1] * 4
+    planted = {}
+    for cold in (False, True):
+        slow = CopyLimits("cpu", "float32", nbytes, 0, 1e-6, 1e-6, cold, cold, 1, None)
+        slow = dataclasses.replace(slow, size_class=size_class(nbytes))
+        trial._LIMITS.put(slow)
+        planted[cold] = slow
+    record = run_trial(TrialTask(cell, "naive", {}, seed=11, timing=FAST))
+    assert record.status is Status.PASSED, record.message
+    for mode, cold in (("warm", False), ("cold", True)):
+        assert record.limits[mode].limit_gbps > 1e3 * planted[cold].limit_gbps
+
+
+# --- runtime_error and compile_error ------------------------------------------------------
+
+
+def test_a_first_call_that_raises_is_a_runtime_error() -> None:
+    record = _trial("rb-raises-first")
+    _assert_status(record, Status.RUNTIME_ERROR, "first call failed", "ValueError")
+
+
+def test_a_later_call_that_raises_is_a_runtime_error() -> None:
+    record = _trial("rb-raises-later")
+    _assert_status(record, Status.RUNTIME_ERROR, "kernel gave up on call 5")
+
+
+def test_a_factory_that_fails_is_a_compile_error() -> None:
+    record = _trial("rb-setup-fails")
+    _assert_status(record, Status.COMPILE_ERROR, "setup failed", "cannot build")
+
+
+def test_a_first_call_that_fails_to_compile_is_a_compile_error() -> None:
+    record = _trial("rb-graph-break-fullgraph")
+    _assert_status(record, Status.COMPILE_ERROR, "first call failed")
+
+
+# --- timeout and crashed, in the isolated worker a sweep uses -------------------------------
+
+
+def test_a_call_that_never_returns_is_a_timeout() -> None:
+    record = _in_worker("rb-hangs-later", timeout_s=4)
+    _assert_status(record, Status.TIMEOUT, "no result within 4 s")
+
+
+def test_a_worker_that_exits_mid_trial_is_crashed() -> None:
+    record = _in_worker("rb-exits-later", timeout_s=300)
+    _assert_status(record, Status.CRASHED, "exited with code 3")
