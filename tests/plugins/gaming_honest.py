@@ -9,7 +9,10 @@ import torch
 from fusionlab import register_variant
 
 CPU = ("cpu",)
-HONEST = ["honest-fp32-upcast", "honest-out-fresh", "honest-transposed", "honest-thread-pool"]
+HONEST = ["honest-fp32-upcast", "honest-out-fresh", "honest-transposed"]
+# Honest, but torch 2.13's profiler records no operator of a thread it did not start: the gate
+# cannot tell this variant from one that hides its work, and flags it (a known false positive).
+INVISIBLE_TO_THE_PROFILER = "honest-thread-pool"
 
 
 def _reference_like(x, weight, eps):
