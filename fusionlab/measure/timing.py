@@ -135,23 +135,23 @@ def time_calls(
     kept: list[tuple[int, object]] = []
     outputs: list[object] = [None] * calls_per_sample
     position = 0
-    for sample in range(count):
+    for _ in range(count):
         if flush is not None and time_one is not None:
             index = position % sets
-            keep = keep_copy is not None and _drawn(count, sample, checked, kept)
+            keep = keep_copy is not None and _drawn(count, checked)
             if keep and before_kept is not None:
                 before_kept(index)
             flush()
             out, elapsed_ms = time_one(lambda index=index: call(index))
             samples_ms.append(elapsed_ms)
             if keep_copy is None:
-                keep = _drawn(count, sample, checked, kept)
+                keep = _drawn(count, checked)
             if keep:
                 kept.append((index, keep_copy(out) if keep_copy else out))
             position += 1
             continue
         if keep_copy is not None:
-            keep = _drawn(count, sample, checked, kept)
+            keep = _drawn(count, checked)
             samples_ms.append(_inplace_sample(call, sets, synchronize, position, calls_per_sample,
                                               keep, before_kept, keep_copy, kept))
             position += calls_per_sample
@@ -160,7 +160,7 @@ def time_calls(
         start = _clock_ns()
         for offset in range(calls_per_sample):
             outputs[offset] = call((position + offset) % sets)
-        if _drawn(count, sample, checked, kept):
+        if _drawn(count, checked):
             at = draw(calls_per_sample)
             kept.append(((position + at) % sets, outputs[at]))
         outputs[:] = [None] * calls_per_sample
@@ -172,10 +172,10 @@ def time_calls(
     return TimedLoop(timing, kept, clock_s, _kernel_times().elapsed - kernel_start)
 
 
-def _drawn(count: int, sample: int, checked: int, kept: list[tuple[int, object]]) -> bool:
-    """Whether sample `sample` of `count` is checked: `checked` samples in all, each drawn with
-    the chance left (selection sampling), from os.urandom."""
-    return checked > len(kept) and draw(count - sample) < checked - len(kept)
+def _drawn(count: int, checked: int) -> bool:
+    """Whether a sample is checked: each of `count` samples independently with the chance
+    checked / count, from os.urandom, so what was checked so far says nothing of what will be."""
+    return draw(count) < checked
 
 
 def _inplace_sample(
