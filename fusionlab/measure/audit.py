@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from contextlib import nullcontext
 from typing import Any
 
 from fusionlab.measure.correctness import (
@@ -35,11 +36,13 @@ from fusionlab.records import Status, Timing
 RETRIES = 2
 """Audited timings taken again before an `inconsistent` verdict: a busy moment only slows."""
 
-INCONSISTENT_RATIO = 1.5
+INCONSISTENT_RATIO = 2.0
 """An audited variant whose fastest sample is slower than this many times the latency its
 decision used (a median) is `inconsistent`: noise only slows a sample, so an honest variant's
 fastest audited sample sits at or below its median elsewhere; a variant that did less work
-when it was measured for the decision lands at its real speed here."""
+when it was measured for the decision lands at its real speed here. 1.5 flagged 3 of 40 honest
+audits on the shared dev box at load 17-19 on 2 cores; 2.0 with the retries below is the
+tolerance kept."""
 
 HELD_BYTES = 256 << 20
 """Most output memory the audit's timing loop keeps for checking (one drawn call per sample)."""
@@ -70,10 +73,13 @@ def audit(
     checked = min(settings.max_samples, max(settings.checked_calls, HELD_BYTES // out_bytes))
     every = dataclasses.replace(settings, checked_calls=checked)
     timing = timed_and_checked(fresh, count, every, cold=mode == "cold")
-    for _ in range(RETRIES):
+    for retry in range(RETRIES):
         if not decided_ms or timing.min_ms <= INCONSISTENT_RATIO * decided_ms:
             break
-        again = timed_and_checked(fresh, count, every, cold=mode == "cold")
+        # As the copy limit is: once more as it ran, once on one thread (a parallel op stalls
+        # when another process holds a core), keeping the faster.
+        with serial() if retry else nullcontext():
+            again = timed_and_checked(fresh, count, every, cold=mode == "cold")
         timing = min(timing, again, key=lambda t: t.min_ms)
     check_follows_new_values(fresh)
     bytes_moved = m.spec.bytes_moved(sets.shape, sets.dtype)
