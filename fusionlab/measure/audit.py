@@ -40,7 +40,7 @@ INCONSISTENT_RATIO = 2.0
 """An audited variant whose fastest sample is slower than this many times the latency its
 decision used (a median) is `inconsistent`: noise only slows a sample, so an honest variant's
 fastest audited sample sits at or below its median elsewhere; a variant that did less work
-when it was measured for the decision lands at its real speed here. 1.5 flagged 3 of 40 honest
+when it was measured for the decision lands at its real speed here. 1.5 flagged 1 of 40 honest
 audits on the shared dev box at load 17-19 on 2 cores; 2.0 with the retries below is the
 tolerance kept."""
 
