@@ -204,7 +204,8 @@ def _say_time_split(runner: Sweep) -> None:
     say(
         f"measured {len(runner.measured_here)} configurations in {runner.search_s:.1f} s; "
         f"re-measuring {runner.confirmed_here} cells took {runner.confirm_s:.1f} s more "
-        f"(+{share:.0f}%)"
+        f"(+{share:.0f}%), of which the audit of every contender {runner.audit_s:.1f} s "
+        f"(+{100 * runner.audit_s / runner.search_s:.0f}% of the search)"
     )
 
 

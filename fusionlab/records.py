@@ -18,6 +18,7 @@ class Status(str, Enum):
     STALE_RESULT = "stale_result"  # an input changed in place and the answer did not follow
     REUSED_MEMORY = "reused_memory"  # output storage handed out again, or aliasing an input
     SUSPICIOUS = "suspicious"  # faster than the device can move the bytes, or no device work
+    INCONSISTENT = "inconsistent"  # audited much slower than the latency its decision used
     RUNTIME_ERROR = "runtime_error"
     COMPILE_ERROR = "compile_error"
     TIMEOUT = "timeout"

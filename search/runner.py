@@ -96,6 +96,7 @@ class Sweep:
         self.measured_here: list[str] = []
         self.search_s = 0.0  # wall time of this runner's measurements of configurations
         self.confirm_s = 0.0  # and of its interleaved re-measurements
+        self.audit_s = 0.0  # the part of confirm_s spent auditing contenders (issue 15)
         self.confirmed_here = 0
         self._cells: list[_OpenCell] = []
 
@@ -310,12 +311,14 @@ class Sweep:
             rounds=confirm.rounds if len(chosen) > 1 else 0,
             seed=self.plan.seed,
             timing=confirm.timing,
+            decided_ms={r.config_label(): r.latency_ms(mode) or 0.0 for r in chosen},
         )
         self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
         self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
         start = time.perf_counter()
         outcome = worker.run(task, self.plan.timeout_s * max(len(chosen), 1))
         self.confirm_s += time.perf_counter() - start
+        self.audit_s += sum(entry.get("audit_s", 0.0) for entry in outcome.values())
         self.confirmed_here += 1
         variants = cell.space.variants
         first_use = first_use_by_variant(result)

@@ -5,6 +5,7 @@ Every rule that fails raises `GateFailure` with the status it earns and a one-li
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -49,6 +50,13 @@ def check_values(
         where = f"{name}{' ' + when if when else ''}"
         if not isinstance(out, torch.Tensor):
             raise GateFailure(Status.INCORRECT, f"{where}: returned {type(out).__name__}")
+        if type(out) is not torch.Tensor or out.layout is not torch.strided:
+            # A subclass or another layout can compute its values when read, not when called.
+            raise GateFailure(
+                Status.INCORRECT,
+                f"{where}: returned a {type(out).__name__} ({out.layout}); outputs must be plain "
+                "dense torch.Tensor (a subclass may compute its values only when read)",
+            )
         if tuple(out.shape) != tuple(reference.shape):
             raise GateFailure(
                 Status.INCORRECT,
@@ -123,6 +131,31 @@ def check_memory(
                 )
         fresh.append(out)
     return fresh
+
+
+def check_not_retained(outputs: list[object], what: str = "a timed call") -> None:
+    """No output, nor its storage, may still be held by the variant once it returned it (a
+    buffer it hands out again, a ring, a cache, a thread still writing it).
+
+    `outputs` must hold the caller's only reference to each tensor (each tensor once); other
+    items are left to check_values.
+    """
+    for i in range(len(outputs)):
+        if not isinstance(outputs[i], torch.Tensor):
+            continue
+        # Ours: the list entry and getrefcount's argument. A view's base: the argument and the
+        # view's own (torch keeps a Python object alive while C++ still owns its tensor).
+        extra_refs = sys.getrefcount(outputs[i]) - 2
+        has_base = outputs[i]._base is not None
+        base_refs = sys.getrefcount(outputs[i]._base) - 2 if has_base else 0
+        # Storage holders: this tensor, its view base, and the temporary storage object.
+        holders = torch._C._storage_Use_Count(outputs[i].untyped_storage()._cdata)
+        if extra_refs > 0 or base_refs > 0 or holders > 2 + has_base:
+            raise GateFailure(
+                Status.REUSED_MEMORY,
+                f"the output of {what} is still held by the variant after it returned it "
+                "(a buffer it hands out again: a ring, a cache or a thread still writing it)",
+            )
 
 
 def check_mutation(

@@ -7,6 +7,8 @@ larger than the device's last cache level makes the timing cache-cold.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -19,22 +21,33 @@ MAX_ROTATION_BYTES = 2**30  # beyond this a cold rotation is capped, and the rec
 COLD_FACTOR = 2  # the rotation must be this many times the cache
 
 
-def _watched(index: int) -> bool:
-    """The sets whose values are checksummed to catch mutation: the warm ones and a sparse,
-    spread sample of a cold rotation (checksumming thousands of small sets costs more than the
-    timing)."""
-    return index < WARM_SETS or index & (index - 1) == 0 or index % 256 == 0
-
-
 def tensors_in(inputs: Inputs) -> list[torch.Tensor]:
     return [item for item in inputs if isinstance(item, torch.Tensor)]
 
 
-def _checksum(inputs: Inputs) -> list[tuple[float, float]]:
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@contextmanager
+def serial() -> Iterator[None]:
+    """torch on one thread: the harness's own small ops stall 1000x on a parallel pool when
+    another process holds a core (seen on the shared dev box: 58 ms vs 0.05 ms per sum)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _checksum(inputs: Inputs) -> list[int]:
+    """The sum of every input's bit patterns: any changed element changes it, and it reads each
+    byte once with no float64 copy (every set of a cold rotation is checksummed)."""
     sums = []
-    for tensor in tensors_in(inputs):
-        flat = tensor.detach().reshape(-1).double()
-        sums.append((float(flat.sum()), float((flat * flat).sum())))
+    with serial():
+        for tensor in tensors_in(inputs):
+            flat = tensor.detach().reshape(-1).view(_BITS[tensor.element_size()])
+            sums.append(int(flat.sum(dtype=torch.int64)))
     return sums
 
 
@@ -49,15 +62,14 @@ class InputSets:
     seed: int
     sets: list[Inputs] = field(default_factory=list)
     _references: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
-    _checksums: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    _checksums: dict[int, list[int]] = field(default_factory=dict)
 
     def ensure(self, count: int) -> None:
         while len(self.sets) < count:
             index = len(self.sets)
             inputs = self.spec.make_inputs(self.shape, self.dtype, self.device, self.seed + index)
             self.sets.append(inputs)
-            if _watched(index):
-                self._checksums[index] = _checksum(inputs)
+            self._checksums[index] = _checksum(inputs)
 
     @property
     def bytes_per_set(self) -> int:
@@ -86,9 +98,9 @@ class InputSets:
         return wanted, ""
 
     def modified(self, count: int) -> list[int]:
-        """Watched sets among the first `count` whose values no longer match their checksum."""
-        watched = [i for i in self._checksums if i < count]
-        return [i for i in watched if _checksum(self.sets[i]) != self._checksums[i]]
+        """Sets among the first `count` whose values no longer match their checksum."""
+        return [i for i in range(min(count, len(self.sets)))
+                if _checksum(self.sets[i]) != self._checksums[i]]
 
 
 class InputCache:

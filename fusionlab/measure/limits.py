@@ -45,12 +45,13 @@ ROTATION_CAP_BYTES = 1 << 30
 LLC_MULTIPLE = 2
 """A cold rotation spans this many times the last-level cache: caches are not perfect LRU."""
 
-SLACK = 3.0
+SLACK = 2.0
 """Achieved / max(clone, copy_) above which a result is flagged. benchmarks/limits_slack.py on the
-2-core EPYC dev box (5 shapes x fp32/bf16 x warm/cold x 1/2 threads): honest lowerings peaked at
-1.35 (the C++ kernel, small or cold tensors, where the copies pay allocation / dispatch overhead
-the kernel avoids), 1.79 even for a warm result judged against a cold limit; a cached result
-reached 43x to 160 000x. 3.0 leaves > 2x above the honest peak and > 14x below the mildest cheat."""
+2-core EPYC dev box (5 shapes x fp32/bf16 x warm/cold x 1/2 threads, states matched): honest
+lowerings peaked at 1.35 (the C++ kernel, small or cold tensors, where the copies pay allocation /
+dispatch overhead the kernel avoids); a cached result reached 43x to 160 000x. 2.0 leaves a 1.48x
+margin above the honest peak (3.0 left 2.2x, room for a skip throttled to twice the copy speed);
+the copy is measured again (3 times) before any verdict, so a busy moment does not flag."""
 
 THP_THRESHOLD_BYTES = 2 << 20  # gAlloc_threshold_thp in c10/core/alignment.h
 SAMPLES = 15

@@ -7,6 +7,7 @@ dispatcher (and to Python) between ops, so the gaps between them are the seed's 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -123,6 +124,22 @@ def _outermost_units(event: FunctionEvent) -> Iterable[FunctionEvent]:
             yield child
         else:
             yield from _outermost_units(child)
+
+
+def operator_input_elements(prof: profile) -> float:
+    """Median over calls of the tensor elements the outermost operators of a call took as
+    inputs (from record_shapes); a compiled region, whose generated code the profiler does not
+    see op by op, counts as unbounded."""
+    per_call = []
+    for marker in (e for e in prof.events() if e.name == CALL_MARKER):
+        total = 0.0
+        for unit in _outermost_units(marker):
+            if unit.name.startswith(COMPILED_REGION):
+                total = math.inf
+                break
+            total += sum(math.prod(shape) for shape in unit.input_shapes or [] if shape)
+        per_call.append(total)
+    return float(statistics.median(per_call)) if per_call else 0.0
 
 
 def _count_nested(event: FunctionEvent) -> int:

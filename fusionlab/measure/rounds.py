@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusionlab.cell import Cell
+from fusionlab.measure.audit import audit_contenders
 from fusionlab.measure.correctness import GateFailure
 from fusionlab.measure.inputs import WARM_SETS
 from fusionlab.measure.timing import TimingSettings
@@ -26,6 +27,7 @@ class RoundsTask:
     rounds: int
     seed: int = 0
     timing: TimingSettings = field(default_factory=TimingSettings)
+    decided_ms: dict[str, float] = field(default_factory=dict)  # search latency, by label
 
     def run(self) -> dict[str, Any]:
         return run_rounds(self)
@@ -62,9 +64,11 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
             measured, count = built[label]
             try:
                 cold = task.mode == "cold"
-                timing = timed_and_checked(measured, count, task.timing, cold, seed=round_index)
+                timing = timed_and_checked(measured, count, task.timing, cold)
             except GateFailure as failure:
                 results[label].update(status=failure.status.value, message=str(failure))
                 continue
             results[label]["rounds"].append(timing.samples_ms)
+    # The gate on the rounds and the audit of every contender: one place (issue 15).
+    audit_contenders(built, results, task.mode, task.timing, task.decided_ms)
     return results

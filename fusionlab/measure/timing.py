@@ -1,21 +1,67 @@
 """The one timing loop every variant goes through.
 
-Calls rotate over input sets; a few timed calls are kept whole so the gate checks what was
-timed. On a device that can flush its cache (CUDA), cold samples flush before every call.
+Calls rotate over input sets; some timed calls are kept whole so the gate checks what was timed.
+On a device that can flush its cache (CUDA), cold samples flush before every call.
+
+Variant code runs in this process, so nothing here trusts it: the clocks are bound when this
+module is imported (the worker imports it before any plugin), a second clock the variant does not
+see (the kernel's own accounting, `os.times`) watches every loop, and which calls are checked is
+drawn from the operating system's entropy after the calls returned.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from os import times as _kernel_times
+from time import perf_counter_ns as _clock_ns
 
 from fusionlab.measure.stats import coefficient_of_variation, summarise
 from fusionlab.records import Timing
 
 Call = Callable[[int], object]  # runs the kernel on input set `index`
+
+_ENTROPY = random.SystemRandom()  # os.urandom: no state in this process a variant could copy
+
+CLOCK_TOLERANCE_S = 0.05
+"""Slack of the clock cross-check: os.times() ticks in 10 ms steps on Linux (CLK_TCK = 100)."""
+
+CLOCK_RATIO = 1.5
+"""A loop the kernel saw take more than this many times what the bound clock measured is
+suspicious: the two clocks read the same interval, so only a replaced clock drifts apart."""
+
+
+_TIME_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "time",
+                "time_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns")
+_ORIGINAL = {name: getattr(time, name) for name in _TIME_CLOCKS}
+_BOUND = {"_clock_ns": _clock_ns, "_kernel_times": _kernel_times}
+
+
+def clock_tampering() -> str | None:
+    """Which clock something in this process replaced since this module was imported, or None:
+    a variant that replaces a clock tried to change its own timing (it never can, here)."""
+    for name, original in _ORIGINAL.items():
+        if getattr(time, name) is not original:
+            return f"time.{name} was replaced in the measuring process"
+    here = vars(sys.modules[__name__])
+    for name, original in _BOUND.items():
+        if here.get(name) is not original:
+            return f"the measuring clock {__name__}.{name} was replaced"
+    return None
+
+
+def now_s() -> float:
+    """The measuring clock (bound at import), in seconds."""
+    return _clock_ns() * 1e-9
+
+
+def draw(count: int) -> int:
+    """An index in range(count) from the operating system's entropy."""
+    return _ENTROPY.randrange(count)
 
 
 @dataclass(frozen=True)
@@ -36,10 +82,24 @@ class TimingSettings:
 
 @dataclass
 class TimedLoop:
-    """A timing and the outputs kept from timed calls: (input set index, output)."""
+    """A timing, the outputs kept from timed calls: (input set index, output), and the loop's
+    wall time by the measuring clock and by the kernel's clock (`os.times`)."""
 
     timing: Timing
     kept: list[tuple[int, object]]
+    clock_s: float = 0.0
+    kernel_s: float = 0.0
+
+    def clock_reason(self) -> str | None:
+        """Why the loop's clock cannot be trusted, or None."""
+        tampered = clock_tampering()
+        if tampered:
+            return f"{tampered}: a variant may not touch the clocks that time it"
+        if self.kernel_s <= CLOCK_RATIO * self.clock_s + CLOCK_TOLERANCE_S:
+            return None
+        return (f"the timing loop took {self.kernel_s:.3g} s by the kernel's clock but "
+                f"{self.clock_s:.3g} s by the measuring clock (flagged above {CLOCK_RATIO:g}x): "
+                "the clock was replaced or stopped while the variant ran")
 
 
 def time_calls(
@@ -52,59 +112,103 @@ def time_calls(
     flush: Callable[[], None] | None = None,
     time_one: Callable[[Callable[[], object]], tuple[object, float]] | None = None,
     working_set_bytes: int = 0,
-    seed: int = 0,
 ) -> TimedLoop:
     """Warm up, then take synchronised samples, each long enough for the clock's resolution.
 
-    Call i of the loop uses input set i mod `sets`. `before_kept(index)` runs (untimed) before a
-    sample with a kept call. The kept call sits at a seeded random offset in its sample, so a
-    kernel cannot tell which calls are checked. With `keep_copy` (variants that write into their
-    inputs) the kept call is its sample's first, its output is copied once the sample ends, and
-    the rest of that sample leaves its input set alone. With `flush` (and the device's `time_one`
-    clock), every sample is one call after a flush, as triton.testing.do_bench times.
+    Call i of the loop uses input set i mod `sets`. Every call of a sample is made the same way
+    and its output held until the sample's calls have all returned; only then is it drawn (from
+    os.urandom) whether the sample is checked and which of its calls, so neither the stack nor
+    the arguments tell a call whether it will be checked. With `keep_copy` (variants that
+    write into their inputs) the kept call is a checked sample's first, drawn before it (its
+    reference must be taken before the call, `before_kept(index)`, untimed), its output is
+    copied once the sample ends, and the rest of that sample leaves its input set alone. With
+    `flush` (and the device's `time_one` clock), every sample is one call after a flush, as
+    triton.testing.do_bench times.
     """
+    kernel_start, clock_start = _kernel_times().elapsed, _clock_ns()
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
     sample_s = calls_per_sample * estimate
     count = int(min(settings.max_samples, max(settings.min_samples, settings.budget_s / sample_s)))
-    keep_every = max(1, count // max(settings.checked_calls, 1))
-    offsets = random.Random(seed)
+    checked = min(settings.checked_calls, count)
     samples_ms: list[float] = []
     kept: list[tuple[int, object]] = []
+    outputs: list[object] = [None] * calls_per_sample
     position = 0
-    for sample in range(count):
-        keep = settings.checked_calls > 0 and sample % keep_every == 0
-        at = 0 if keep_copy else offsets.randrange(calls_per_sample)
-        kept_set = (position + at) % sets
-        if keep and before_kept is not None:
-            before_kept(kept_set)
+    for _ in range(count):
         if flush is not None and time_one is not None:
+            index = position % sets
+            keep = keep_copy is not None and _drawn(count, checked)
+            if keep and before_kept is not None:
+                before_kept(index)
             flush()
-            out, elapsed_ms = time_one(lambda index=kept_set: call(index))
+            out, elapsed_ms = time_one(lambda index=index: call(index))
             samples_ms.append(elapsed_ms)
+            if keep_copy is None:
+                keep = _drawn(count, checked)
             if keep:
-                kept.append((kept_set, keep_copy(out) if keep_copy else out))
+                kept.append((index, keep_copy(out) if keep_copy else out))
             position += 1
             continue
+        if keep_copy is not None:
+            keep = _drawn(count, checked)
+            samples_ms.append(_inplace_sample(call, sets, synchronize, position, calls_per_sample,
+                                              keep, before_kept, keep_copy, kept))
+            position += calls_per_sample
+            continue
         synchronize()
-        start = time.perf_counter()
-        if keep:
-            for offset in range(at):
-                call((position + offset) % sets)
-            kept_out = call(kept_set)
-            for offset in range(at + 1, calls_per_sample):
-                index = (position + offset) % sets
-                call((index + 1) % sets if keep_copy and index == kept_set and sets > 1 else index)
-        else:
-            for offset in range(calls_per_sample):
-                call((position + offset) % sets)
+        start = _clock_ns()
+        for offset in range(calls_per_sample):
+            outputs[offset] = call((position + offset) % sets)
+        if _drawn(count, checked):
+            at = draw(calls_per_sample)
+            kept.append(((position + at) % sets, outputs[at]))
+        outputs[:] = [None] * calls_per_sample
         synchronize()
-        samples_ms.append((time.perf_counter() - start) * 1e3 / calls_per_sample)
-        if keep:
-            kept.append((kept_set, keep_copy(kept_out) if keep_copy else kept_out))
+        samples_ms.append((_clock_ns() - start) * 1e-6 / calls_per_sample)
         position += calls_per_sample
+    timing = _timing(samples_ms, calls_per_sample, sets, working_set_bytes)
+    clock_s = (_clock_ns() - clock_start) * 1e-9
+    return TimedLoop(timing, kept, clock_s, _kernel_times().elapsed - kernel_start)
+
+
+def _drawn(count: int, checked: int) -> bool:
+    """Whether a sample is checked: each of `count` samples independently with the chance
+    checked / count, from os.urandom, so what was checked so far says nothing of what will be."""
+    return draw(count) < checked
+
+
+def _inplace_sample(
+    call: Call,
+    sets: int,
+    synchronize: Callable[[], None],
+    position: int,
+    calls_per_sample: int,
+    keep: bool,
+    before_kept: Callable[[int], None] | None,
+    keep_copy: Callable[[object], object],
+    kept: list[tuple[int, object]],
+) -> float:
+    """One sample of a variant that writes into its inputs; returns ms per call."""
+    kept_set = position % sets
+    if keep and before_kept is not None:
+        before_kept(kept_set)
+    synchronize()
+    start = _clock_ns()
+    kept_out = call(kept_set)
+    for offset in range(1, calls_per_sample):
+        index = (position + offset) % sets
+        call((index + 1) % sets if keep and index == kept_set and sets > 1 else index)
+    synchronize()
+    elapsed_ms = (_clock_ns() - start) * 1e-6 / calls_per_sample
+    if keep:
+        kept.append((kept_set, keep_copy(kept_out)))
+    return elapsed_ms
+
+
+def _timing(samples_ms: list[float], calls_per_sample: int, sets: int, nbytes: int) -> Timing:
     summary = summarise(samples_ms)
-    timing = Timing(
+    return Timing(
         median_ms=summary.median,
         q1_ms=summary.q1,
         q3_ms=summary.q3,
@@ -113,21 +217,20 @@ def time_calls(
         calls_per_sample=calls_per_sample,
         samples_ms=samples_ms,
         input_sets=sets,
-        working_set_bytes=working_set_bytes,
+        working_set_bytes=nbytes,
     )
-    return TimedLoop(timing, kept)
 
 
 def _warm_up(call: Call, sets: int, synchronize: Callable[[], None], warmup_s: float) -> float:
     """Run calls for at least `warmup_s` (and 3 calls); return the per-call estimate in s."""
     calls = 0
     synchronize()
-    start = time.perf_counter()
+    start = now_s()
     while True:
         call(calls % sets)
         calls += 1
         synchronize()
-        elapsed = time.perf_counter() - start
+        elapsed = now_s() - start
         if calls >= 3 and elapsed >= warmup_s:
             return max(elapsed / calls, 1e-9)
 
@@ -135,7 +238,7 @@ def _warm_up(call: Call, sets: int, synchronize: Callable[[], None], warmup_s: f
 def timed_once(call: Callable[[], object], synchronize: Callable[[], None]) -> tuple[object, float]:
     """One synchronised call; returns its result and its duration in ms."""
     synchronize()
-    start = time.perf_counter()
+    start = _clock_ns()
     result = call()
     synchronize()
-    return result, (time.perf_counter() - start) * 1e3
+    return result, (_clock_ns() - start) * 1e-6

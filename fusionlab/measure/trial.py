@@ -3,9 +3,7 @@ cold, and profile it. Runs in the worker process; failures become statuses, neve
 
 from __future__ import annotations
 
-import random
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +16,7 @@ from fusionlab.measure.correctness import (
     GateFailure,
     check_memory,
     check_mutation,
+    check_not_retained,
     check_values,
     refill_in_place,
     snapshot,
@@ -29,16 +28,15 @@ from fusionlab.measure.profiling import (
     export_trace,
     fusion_accounting,
     key_averages_table,
+    operator_input_elements,
     profile_calls,
 )
-from fusionlab.measure.timing import TimingSettings, time_calls, timed_once
+from fusionlab.measure.timing import TimingSettings, draw, now_s, time_calls, timed_once
 from fusionlab.op import OpSpec, Tolerance
-from fusionlab.records import Accuracy, CopyLimits, Status, Timing, TrialRecord
+from fusionlab.records import Accuracy, CopyLimits, Fusion, Status, Timing, TrialRecord
 from fusionlab.registry import Kernel, Variant, get_op, get_variant
 from fusionlab.shapes import format_shape, torch_dtype
 
-# Seed offset of the values written into an input in place, to see that the answer follows.
-_REFILL_SEED = 7919
 _REMEASURES = 3
 _INPUTS = InputCache()
 _LIMITS = LimitsCache()
@@ -99,7 +97,7 @@ def _is_compile_error(error: BaseException) -> bool:
 
 def run_trial(task: TrialTask) -> TrialRecord:
     """Measure one configuration; failures become statuses, never exceptions."""
-    start = time.perf_counter()
+    start = now_s()
     record = task.new_record(Status.PASSED)
     compiles_before = _compile_counts()
     try:
@@ -113,7 +111,7 @@ def run_trial(task: TrialTask) -> TrialRecord:
     record.compiles = {k: after.get(k, 0) - compiles_before.get(k, 0) for k in _COMPILE_COUNTERS}
     if not record.passed:
         _INPUTS.drop()  # the sets may have been written to; the next trial makes new ones
-    record.trial_s = time.perf_counter() - start
+    record.trial_s = now_s() - start
     return record
 
 
@@ -171,12 +169,16 @@ def build_and_gate(
 
 
 def timed_and_checked(
-    m: Measured, count: int, settings: TimingSettings, cold: bool, seed: int = 0
+    m: Measured, count: int, settings: TimingSettings, cold: bool
 ) -> Timing:
-    """The timing loop over `count` input sets; the kept timed calls pass the whole gate."""
+    """The timing loop over `count` input sets, gated: the clock cross-check, every input set
+    unchanged before and after, and the kept timed calls through the whole gate (fresh memory
+    the variant no longer holds, then values)."""
     m.sets.ensure(count)
     args = m.sets.sets[:count]
     inplace = bool(m.variant.inplace)
+    if not inplace:
+        check_sets_unchanged(m, count, "before timing")
     before: dict[int, tuple[torch.Tensor, ...]] = {}
     if inplace:
         # The inputs change with every call: a kept call's reference is taken just before it.
@@ -193,17 +195,38 @@ def timed_and_checked(
         flush=m.device.flush_cache if cold and m.device.event_device_types else None,
         time_one=m.device.time_one,
         working_set_bytes=count * m.sets.bytes_per_set,
-        seed=seed,
     )
-    held: list[torch.Tensor] = []
-    if not inplace:  # memory first: a reused buffer also makes the earlier values wrong
-        for index, out in loop.kept:
-            held += check_memory(m.spec.as_outputs(out), args[index], m.spec, {}, held)
-    for number, (index, out) in enumerate(loop.kept):
+    reason = loop.clock_reason()
+    if reason:
+        raise GateFailure(Status.SUSPICIOUS, reason)
+    # Each output once, in one list each: the only references this side holds.
+    kept = [(index, list(m.spec.as_outputs(out))) for index, out in loop.kept]
+    loop.kept.clear()
+    if not inplace:
+        check_sets_unchanged(m, count, "during timing")
+        for _, outputs in kept:
+            check_not_retained(outputs)
+        held: list[torch.Tensor] = []  # memory first: a reused buffer also makes values wrong
+        for index, outputs in kept:
+            held += check_memory(outputs, args[index], m.spec, {}, held)
+        del held
+    for number, (index, outputs) in enumerate(kept):
         references = before[number] if inplace else m.sets.reference(index)
         where = f"in timed call {number + 1}"
-        check_values(m.spec.as_outputs(out), references, m.spec, m.like, m.tolerance, where)
+        check_values(outputs, references, m.spec, m.like, m.tolerance, where)
     return loop.timing
+
+
+def check_sets_unchanged(m: Measured, count: int, when: str) -> None:
+    """Every input set's values as generated (checksums): a variant that does not declare
+    in-place outputs writes no input, and references are computed from untouched values."""
+    modified = m.sets.modified(count)
+    if modified:
+        raise GateFailure(
+            Status.INCORRECT,
+            f"input set(s) {modified[:5]} changed {when}: the variant writes into inputs it does "
+            "not declare in place",
+        )
 
 
 def _copy_outputs(out: object) -> object:
@@ -212,20 +235,21 @@ def _copy_outputs(out: object) -> object:
     return out.clone() if isinstance(out, torch.Tensor) else out
 
 
-def check_follows_new_values(m: Measured, seed: int) -> None:
+def check_follows_new_values(m: Measured) -> None:
     """New values written into the same tensors (same address, same version counter) must give
     the new answer: all values at once, then one element far from the start (a kernel that
     hashes part of its input to reuse results misses it)."""
     target = m.sets.sets[0]
     saved = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in target)
-    fresh = m.spec.make_inputs(m.sets.shape, m.sets.dtype, m.sets.device, seed + _REFILL_SEED)
+    # New values from a seed no variant can know, at a place no variant can know.
+    fresh = m.spec.make_inputs(m.sets.shape, m.sets.dtype, m.sets.device, draw(2**31))
     try:
         refill_in_place(target, fresh)
         _check_new_answer(m, target, "after all its input values changed in place")
         first = tensors_in(target)[0]
         flat = first.data.view(-1) if first.is_contiguous() else None
         if flat is not None and flat.numel() > 1:
-            index = flat.numel() - 1 - random.Random(seed).randrange(max(flat.numel() // 2, 1))
+            index = flat.numel() - 1 - draw(max(flat.numel() // 2, 1))
             flat[index] = flat[index] * -2 + 1
             _check_new_answer(m, target, f"after one value (flat index {index}) changed in place")
     finally:
@@ -261,10 +285,10 @@ class _Phases:
     """Wall time per phase of a trial, into the record (what the harness costs, and where)."""
 
     def __init__(self, record: TrialRecord) -> None:
-        self._record, self._last = record, time.perf_counter()
+        self._record, self._last = record, now_s()
 
     def end(self, name: str) -> None:
-        now = time.perf_counter()
+        now = now_s()
         self._record.phases_s[name] = self._record.phases_s.get(name, 0.0) + now - self._last
         self._last = now
 
@@ -278,22 +302,32 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     phase.end("inputs, build, first call")
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
-    record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False, seed=task.seed)
+    record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False)
     phase.end("warm timing")
     cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
     if cold_count > WARM_SETS or m.device.event_device_types:
-        record.cold = timed_and_checked(m, cold_count, task.timing, cold=True, seed=task.seed + 1)
+        record.cold = timed_and_checked(m, cold_count, task.timing, cold=True)
     phase.end("cold timing")
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
-    check_follows_new_values(m, task.seed)
-    if not m.variant.inplace:
-        modified = m.sets.modified(cold_count)
-        if modified:
-            raise GateFailure(Status.INCORRECT, f"the calls modified input set(s) {modified[:5]}")
+    check_follows_new_values(m)
+    latencies = {mode: record.latency_ms(mode) or 0.0 for mode in ("warm", "cold")}
+    record.limits = check_bandwidth(m, record.bytes_moved, latencies)
+    phase.end("gate checks, copy limits")
+    _profile(task, record, m)
+    phase.end("profiler pass")
+
+
+def check_bandwidth(
+    m: Measured, bytes_moved: int, latencies_ms: dict[str, float]
+) -> dict[str, CopyLimits]:
+    """No latency (ms per call, by rank mode) may move the op's bytes faster than this device
+    copies them (limits.SLACK); returns the copy limits each mode was judged against."""
+    dtype = m.like.dtype
     x_bytes = m.like.numel() * m.like.element_size()
-    for mode in ("warm", "cold"):
+    limits = {}
+    for mode, latency_ms in latencies_ms.items():
         limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold")
-        achieved = record.gbps(mode) or 0.0
+        achieved = bytes_moved / (latency_ms * 1e-3) / 1e9 if latency_ms else 0.0
         reason = suspicious_reason(achieved, limit)
         for _ in range(_REMEASURES if reason else 0):
             # A busy moment may have slowed the copy: measure it again before any verdict.
@@ -301,12 +335,10 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
             reason = suspicious_reason(achieved, limit)
             if reason is None:
                 break
-        record.limits[mode] = limit
+        limits[mode] = limit
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
-    phase.end("gate checks, copy limits")
-    _profile(task, record, m)
-    phase.end("profiler pass")
+    return limits
 
 
 def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
@@ -325,9 +357,25 @@ def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
     if task.trace_dir is not None:
         stem = f"{task.cell.op}_{task.variant}_{format_shape(task.cell.shape)}_{task.cell.dtype}"
         record.trace_file = export_trace(prof, task.trace_dir, stem)
-    if record.fusion.device_ops == 0:
+    check_device_work(record.fusion, prof, m)
+
+
+def check_device_work(fusion: Fusion, prof: object, m: Measured) -> None:
+    """The profiler must see the op's work: device ops, and on the CPU operators that take at
+    least the op's input elements per call (not one token op beside work hidden from it)."""
+    if fusion.device_ops == 0:
         raise GateFailure(
             Status.SUSPICIOUS,
             f"0 device ops per call: the profiler saw no work on {m.device.type} "
             "(a result handed back without computing, or work hidden from the profiler)",
+        )
+    if m.device.event_device_types:
+        return
+    needed = sum(t.numel() for t in tensors_in(m.sets.sets[0]))
+    seen = operator_input_elements(prof)  # type: ignore[arg-type]
+    if seen < needed:
+        raise GateFailure(
+            Status.SUSPICIOUS,
+            f"the operators the profiler saw took {seen:.0f} input elements per call, fewer than "
+            f"the op's {needed}: the work is done where the profiler cannot see it",
         )

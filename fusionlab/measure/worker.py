@@ -25,6 +25,11 @@ def _serve(
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    # The measuring modules first: they bind their clocks at import, before any plugin runs.
+    import fusionlab.measure.audit
+    import fusionlab.measure.rounds
+    import fusionlab.measure.trial  # noqa: F401
+
     if threads:
         import torch
 
@@ -36,12 +41,19 @@ def _serve(
         load_plugin(path)
     for module in modules:
         ensure_variant_module(module)
+    from fusionlab.measure.timing import clock_tampering
+
     conn.send("ready")
     while True:
         task = conn.recv()
         if task is None:
             return
-        conn.send(task.run())
+        result = task.run()
+        # A variant replaced a clock: this process can time nothing more; the parent replaces it.
+        retire = clock_tampering() is not None
+        conn.send((result, retire))
+        if retire:
+            return
 
 
 class Task(Protocol):
@@ -99,7 +111,10 @@ class TrialWorker:
         conn.send(task)
         try:
             if conn.poll(timeout_s):
-                return conn.recv()
+                result, retire = conn.recv()
+                if retire:
+                    self._discard()
+                return result
             status, message = Status.TIMEOUT, f"no result within {timeout_s:g} s; worker killed"
         except (EOFError, ConnectionError):
             status, message = Status.CRASHED, self._death_message()
