@@ -19,7 +19,7 @@ from fusionlab.errors import UserError
 from fusionlab.plan import SweepPlan, plan_from_dict
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
-from fusionlab.search.runner import measured_count
+from fusionlab.search.runner import lease_from_env, measured_count
 from fusionlab.search.storage import is_parallel_safe
 
 CORES_ENV = "FUSIONLAB_CPU_CORES"  # a pinned CPU worker's cores, e.g. "0,1"
@@ -141,13 +141,17 @@ def joinable_plans(
 def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]:
     """One row per planned cell: measured, running (by whom), waiting, verdict."""
     rows = []
+    lease = lease_from_env()
     for cell, plan in store.planned_cells(storage):
         if op is not None and cell.op != op:
             continue
         study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
-        status = claims.status(study)
+        status = claims.status(study, lease)
         verdict = study.user_attrs.get(store.VERDICT_ATTR, {}).get(plan["rank_by"])
-        running = ", ".join(f"{worker} ({n})" for worker, n in sorted(status.running.items()))
+        running = ", ".join(
+            [f"{worker} ({n})" for worker, n in sorted(status.running.items())]
+            + [f"{worker} ({n}, lease expired)" for worker, n in sorted(status.expired.items())]
+        )
         rows.append(
             {
                 "op": cell.op,
