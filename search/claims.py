@@ -360,7 +360,7 @@ def claim_next(
 
 
 def _resolve_twins(study: optuna.Study, trial_id: int, worker: str, lease: Lease) -> Claim | None:
-    adapter.adopt(study, trial_id)
+    _retried(study, lambda: adapter.adopt(study, trial_id))
     trial = optuna.Trial(study, trial_id)
     key = _key_of(frozen(trial))
     assert key is not None, f"trial {trial.number} was enqueued without a {CONFIG!r} attr"
