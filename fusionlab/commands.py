@@ -207,8 +207,17 @@ def worker_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_calls(calls: int | None) -> None:
+    if calls is not None and calls < 1:
+        raise UserError(f"--calls must be at least 1 (got {calls})")
+
+
 def status_command(args: argparse.Namespace) -> int:
-    rows = status_rows(open_storage(args.storage, must_exist=True), args.op)
+    storage = open_storage(args.storage, must_exist=True, read_only=True)
+    rows = status_rows(storage, args.op)
+    if args.op is not None and not rows:
+        planning.load_user_variants(())
+        get_op(args.op)  # an op no stored sweep names, and none registered here: a typo
     if not rows:
         say(f"no sweep is planned in {args.storage}")
         return 0
@@ -237,11 +246,13 @@ def _stale_notes(cells: list[CellResult], op: str) -> list[str]:
 def export_command(args: argparse.Namespace) -> int:
     url = args.storage or DEFAULT_STORAGE
     fmt = export.format_for(args.output, args.format)
-    if args.output:
-        export.check_writable(args.output)
+    _check_calls(args.calls)
     planning.load_user_variants(args.plugin)
     get_op(args.op)
-    cells = load_cells(open_storage(url, must_exist=True), args.op)
+    storage = open_storage(url, must_exist=True, read_only=True)
+    if args.output:
+        export.check_writable(args.output)
+    cells = load_cells(storage, args.op)
     for note in _stale_notes(cells, args.op):
         say(f"note: {note}")
     meta = {"op": args.op, "storage": url, "ranked_by": args.rank_by}

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fusionlab.shapes import dtype_name
+
 Shape = tuple[int, ...]
 Inputs = tuple[object, ...]
 
@@ -27,8 +29,13 @@ class Tolerance:
 
 def key_of_first_input(inputs: Sequence[object]) -> tuple[Shape, torch.dtype]:
     """The dispatch key of most norms: the first input's shape and dtype."""
-    first = inputs[0]
-    assert isinstance(first, torch.Tensor)
+    first = inputs[0] if inputs else None
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(
+            f"the first input must be a torch.Tensor (the one the call is keyed by), "
+            f"not {type(first).__name__}"
+        )
+    dtype_name(first.dtype)  # a dtype no cell can hold is refused here, by name
     return tuple(first.shape), first.dtype
 
 

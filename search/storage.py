@@ -10,6 +10,7 @@ others wait and then find the tables. Unreachable servers and wrong URLs are one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -111,13 +112,56 @@ def _missing_driver(url: str, module: str | None) -> UserError:
     return UserError(f"storage {url!r} needs the Python package {module!r}: pip install it")
 
 
-def _open_postgres(url: str) -> BaseStorage:
+_OPTUNA_TABLES = ("studies", "trials", "version_info")
+
+
+def _not_optuna(url: str, what: str) -> UserError:
+    return UserError(
+        f"storage {_safe_name(url)!r} is not an Optuna storage ({what}); nothing was written "
+        "into it: pass the --storage your sweep wrote to"
+    )
+
+
+def _check_sqlite(path: Path, url: str) -> None:
+    """Refuse an SQLite file without Optuna's tables, opened read-only so nothing is created."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            names = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.DatabaseError as error:
+        raise _not_optuna(url, f"not an SQLite database: {error}") from None
+    missing = [table for table in _OPTUNA_TABLES if table not in names]
+    if missing:
+        raise _not_optuna(url, f"no {', '.join(missing)} table")
+
+
+def _check_journal(path: Path, url: str) -> None:
+    """Refuse a file whose first record is not an Optuna journal operation."""
+    with path.open("rb") as file:
+        first = file.readline(1 << 16)
+    if not first:
+        return  # an empty journal: no results yet, which the reader says
+    try:
+        record = json.loads(first)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or "op_code" not in record:
+        raise _not_optuna(url, "its first line is not an Optuna journal record")
+
+
+def _open_postgres(url: str, must_exist: bool = False) -> BaseStorage:
     """RDBStorage built under an advisory lock, so concurrent first opens do not race."""
     probe = sqlalchemy.create_engine(
         url, poolclass=NullPool, connect_args={"connect_timeout": _CONNECT_TIMEOUT_S}
     )
     try:
         with probe.connect() as connection:
+            if must_exist:
+                present = sqlalchemy.inspect(connection).get_table_names()
+                missing = [table for table in _OPTUNA_TABLES if table not in present]
+                if missing:
+                    raise _not_optuna(url, f"no {', '.join(missing)} table")
             lock = {"key": _CREATE_LOCK}
             connection.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), lock)
             try:
@@ -134,13 +178,18 @@ def _safe_name(url: str) -> str:
     return url
 
 
-def open_storage(url: str, must_exist: bool = False) -> BaseStorage:
+def open_storage(url: str, must_exist: bool = False, read_only: bool = False) -> BaseStorage:
     """Open (or create) the storage behind a URL, its calls retried through storage outages
-    (search/retry.py); unreachable storage is a UserError."""
-    return RetryingStorage(_open(url, must_exist), RetryPolicy(_safe_name(url)))
+    (search/retry.py); unreachable storage is a UserError.
+
+    `must_exist`: the storage holds results already; one that is not an Optuna storage (a
+    foreign SQLite file or database, a file that is not a journal) is refused before anything
+    is written into it. `read_only`: the caller only reads (a damaged journal tail is skipped
+    on reading, not repaired)."""
+    return RetryingStorage(_open(url, must_exist, read_only), RetryPolicy(_safe_name(url)))
 
 
-def _open(url: str, must_exist: bool) -> BaseStorage:
+def _open(url: str, must_exist: bool, read_only: bool) -> BaseStorage:
     file = _sqlite_path(url) or _journal_path(url)
     if file is not None:
         _check_file(file, must_exist, url)
@@ -149,11 +198,19 @@ def _open(url: str, must_exist: bool) -> BaseStorage:
         if journal is not None:
             from optuna.storages.journal import JournalFileBackend
 
-            repair_journal(journal)
+            if must_exist:
+                _check_journal(journal, url)
+            if not read_only:
+                repair_journal(journal)
             return optuna.storages.JournalStorage(JournalFileBackend(str(journal)))
         if _is_postgres(url):
-            return cached(_open_postgres(url))
+            return cached(_open_postgres(url, must_exist))
+        sqlite = _sqlite_path(url)
+        if must_exist and sqlite is not None:
+            _check_sqlite(sqlite, url)
         return cached(optuna.storages.RDBStorage(url))
+    except UserError:
+        raise
     except ImportError as error:
         # Optuna re-raises a missing driver as a bare ImportError; the module is on its cause.
         module = error.name or getattr(error.__cause__, "name", None)
