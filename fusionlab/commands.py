@@ -138,7 +138,7 @@ def sweep(args: argparse.Namespace) -> int:
         runner.open()  # planned here, so every worker finds the whole sweep
         say(f"{args.workers} workers on {url}; `fusionlab status --storage {url}` shows them")
         runner.interrupted = _wait_for_workers(
-            start_local_workers(url, args.op, plan.device, args.workers, args.pin)
+            start_local_workers(url, plan, args.workers, args.pin)
         )
         cells = runner.results()
     print()
@@ -190,7 +190,9 @@ def worker_command(args: argparse.Namespace) -> int:
     pin_to_env_cores()
     storage = open_storage(args.storage, must_exist=True)
     me = f"worker {worker_name()}"
-    joined = joinable_plans(storage, args.storage, args.op, lambda text: say(f"{me}: {text}"))
+    joined = joinable_plans(
+        storage, args.storage, args.op, lambda text: say(f"{me}: {text}"), args.plan
+    )
 
     def progress(record: TrialRecord, index: int, total: int) -> None:
         _progress(record, index, total, prefix=f"{me} ")
