@@ -74,9 +74,6 @@ class OpSpec:
     key_of: Callable[[Sequence[object]], tuple[Shape, torch.dtype]] = key_of_first_input
     nearest: Callable[[Shape, Sequence[Shape]], Shape | None] = nearest_rows_same_hidden
 
-    def input_index(self, name: str) -> int:
-        return self.inputs.index(name)
-
     def as_outputs(self, result: object) -> tuple[object, ...]:
         """A kernel's return value as a tuple in `outputs` order (not yet checked)."""
         if len(self.outputs) == 1 and not isinstance(result, (tuple, list)):
