@@ -445,6 +445,11 @@ def status(study: optuna.Study, lease: Lease = Lease()) -> Status:
     )
 
 
+def has_work(study: optuna.Study) -> bool:
+    """Whether a cell has a configuration waiting or a claim held: something to join."""
+    return bool(_waiting(study)) or anything_running(study)
+
+
 def anything_running(study: optuna.Study) -> bool:
     """Whether any worker holds a claim in this cell now (a proposal trial, RUNNING for a
     moment, is not a claim)."""

@@ -125,10 +125,16 @@ def joinable_plans(
             f"{url}`, then join it"
         )
     joined = []
+    finished = 0
     for key, data in plans.items():
         reason = unavailable_reason(data["device"])
         if reason is not None:
             note(f"skipping the {data['op']} sweep on {data['device']}: {reason}")
+            continue
+        # Joining all, a worker leaves alone the cells of sweeps with nothing left to claim (a
+        # sweep's own workers, given its plan, still finish its re-measurements).
+        if plan_id is None and not any(_has_work(storage, c) for c in by_plan[key]):
+            finished += 1
             continue
         plan = plan_from_dict(data)
         here = plan.cells()
@@ -142,9 +148,16 @@ def joinable_plans(
             )
             continue
         joined.append(plan)
-    if not joined:
+    if finished:
+        note(f"{finished} finished sweep(s) left alone: nothing waits in their cells")
+    if not joined and finished < len(plans):
         raise UserError(f"nothing in {url} can be measured on this host (see the notes above)")
     return joined
+
+
+def _has_work(storage: BaseStorage, cell: Cell) -> bool:
+    study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
+    return claims.has_work(study)
 
 
 def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]:
