@@ -20,7 +20,7 @@ from fusionlab.report.tables import best_rows, display_rows
 from fusionlab.search.claims import worker_name
 from fusionlab.search.results_store import CellResult, load_cells
 from fusionlab.search.runner import Sweep
-from fusionlab.search.storage import DEFAULT_STORAGE, describe, open_storage
+from fusionlab.search.storage import DEFAULT_STORAGE, describe, is_parallel_safe, open_storage
 from fusionlab.search.workers import (
     check_worker_count,
     joinable_plans,
@@ -188,6 +188,9 @@ def _wait_for_workers(workers: list[subprocess.Popen]) -> bool:
 
 def worker_command(args: argparse.Namespace) -> int:
     pin_to_env_cores()
+    unsafe = is_parallel_safe(args.storage)  # said before anything else about the storage
+    if unsafe:
+        raise UserError(unsafe)
     storage = open_storage(args.storage, must_exist=True)
     me = f"worker {worker_name()}"
     joined = joinable_plans(

@@ -87,7 +87,7 @@ CASES = {
                                  "no results at"),
     # worker
     "worker on a foreign SQLite file": (["worker", "--storage", f"sqlite:///{FOREIGN_DB}"],
-                                        "not an Optuna storage"),
+                                        "SQLite, which cannot serve parallel workers"),
     "worker on a file that is no journal": (["worker", "--storage",
                                              f"journal:{FOREIGN_JOURNAL}"],
                                             "not an Optuna storage"),
