@@ -3,6 +3,8 @@
 #   .ci/postgres.sh start   initdb + start (idempotent); prints the URL and writes it to $DIR/url
 #   .ci/postgres.sh url     prints the URL of the running cluster
 #   .ci/postgres.sh stop    stops the cluster and removes $DIR (idempotent)
+#   .ci/postgres.sh pause   stops the server, keeping its data (an outage, for tests)
+#   .ci/postgres.sh resume  starts a paused server again on the same port
 # DIR is $FUSIONLAB_PG_DIR (default /tmp/fusionlab-pg-ci); PG_BIN overrides the binaries' folder.
 # PostgreSQL refuses to run as root, so as root the cluster belongs to a non-root user
 # ($FUSIONLAB_PG_USER, default `postgres`, created with useradd when missing).
@@ -47,10 +49,8 @@ start() {
     # A port picked free can be taken before the server binds it; try another.
     for _ in 1 2 3 4 5; do
         port="$(free_port)"
-        if as_owner "$PG_BIN/pg_ctl" -D "$DATA" -l "$DIR/server.log" -w -t 20 start -o \
-            "-c listen_addresses=127.0.0.1 -p $port -k $DIR -c max_connections=300 \
-             -c shared_buffers=32MB -c fsync=off -c synchronous_commit=off \
-             -c full_page_writes=off" >/dev/null 2>&1; then
+        echo "$port" >"$DIR/port"
+        if serve "$port"; then
             as_owner "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" -U "$OWNER" fusionlab \
                 || die "createdb failed"
             echo "postgresql+psycopg://$OWNER@127.0.0.1:$port/fusionlab" >"$DIR/url"
@@ -59,6 +59,13 @@ start() {
         fi
     done
     die "the server did not start: $(tail -n 3 "$DIR/server.log" 2>/dev/null)"
+}
+
+serve() {
+    as_owner "$PG_BIN/pg_ctl" -D "$DATA" -l "$DIR/server.log" -w -t 20 start -o \
+        "-c listen_addresses=127.0.0.1 -p $1 -k $DIR -c max_connections=300 \
+         -c shared_buffers=32MB -c fsync=off -c synchronous_commit=off \
+         -c full_page_writes=off" >/dev/null 2>&1
 }
 
 stop() {
@@ -71,6 +78,10 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
+    pause) running || die "no cluster running in $DIR"
+           as_owner "$PG_BIN/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null ;;
+    resume) [[ -f "$DIR/port" ]] || die "no cluster in $DIR"
+            serve "$(cat "$DIR/port")" || die "the server did not start again" ;;
     url) [[ -f "$DIR/url" ]] && running || die "no cluster running in $DIR"; cat "$DIR/url" ;;
-    *) die "usage: $0 start|stop|url" ;;
+    *) die "usage: $0 start|stop|url|pause|resume" ;;
 esac

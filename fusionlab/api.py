@@ -29,4 +29,4 @@ def sweep(
 def stored_cells(op: str, storage: str = DEFAULT_STORAGE) -> list[CellResult]:
     """Every stored cell of an op (all devices and toolchains), without measuring."""
     get_op(op)
-    return load_cells(open_storage(storage, must_exist=True), op)
+    return load_cells(open_storage(storage, must_exist=True, read_only=True), op)

@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker = commands.add_parser("worker", help="join a sweep planned in a shared storage")
     worker.add_argument("--storage", required=True, help="the sweep's storage URL")
     worker.add_argument("--op", help="join only this op's sweeps")
+    worker.add_argument(
+        "--plan", metavar="ID", help="join only this sweep plan (a sweep's own workers get it)"
+    )
 
     status = commands.add_parser("status", help="what a sweep has done, is running and has left")
     status.add_argument("--storage", required=True, help="the sweep's storage URL")

@@ -21,7 +21,7 @@ from fusionlab.report.tables import best_rows, terminal_table
 from fusionlab.search.claims import worker_name
 from fusionlab.search.results_store import CellResult, load_cells
 from fusionlab.search.runner import Sweep
-from fusionlab.search.storage import DEFAULT_STORAGE, describe, open_storage
+from fusionlab.search.storage import DEFAULT_STORAGE, describe, is_parallel_safe, open_storage
 from fusionlab.search.workers import (
     check_worker_count,
     joinable_plans,
@@ -178,7 +178,7 @@ def sweep(args: argparse.Namespace) -> int:
         runner.open()  # planned here, so every worker finds the whole sweep
         say(f"{args.workers} workers on {url}; `fusionlab status --storage {url}` shows them")
         runner.interrupted = _wait_for_workers(
-            start_local_workers(url, args.op, plan.device, args.workers, args.pin)
+            start_local_workers(url, plan, args.workers, args.pin)
         )
         cells = runner.results()
     print()
@@ -229,9 +229,14 @@ def _wait_for_workers(workers: list[subprocess.Popen]) -> bool:
 
 def worker_command(args: argparse.Namespace) -> int:
     pin_to_env_cores()
+    unsafe = is_parallel_safe(args.storage)  # said before anything else about the storage
+    if unsafe:
+        raise UserError(unsafe)
     storage = open_storage(args.storage, must_exist=True)
     me = f"worker {worker_name()}"
-    joined = joinable_plans(storage, args.storage, args.op, lambda text: say(f"{me}: {text}"))
+    joined = joinable_plans(
+        storage, args.storage, args.op, lambda text: say(f"{me}: {text}"), args.plan
+    )
 
     def progress(record: TrialRecord, index: int, total: int) -> None:
         _progress(record, index, total, prefix=f"{me} ")
@@ -248,8 +253,17 @@ def worker_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_calls(calls: int | None) -> None:
+    if calls is not None and calls < 1:
+        raise UserError(f"--calls must be at least 1 (got {calls})")
+
+
 def status_command(args: argparse.Namespace) -> int:
-    rows = status_rows(open_storage(args.storage, must_exist=True), args.op)
+    storage = open_storage(args.storage, must_exist=True, read_only=True)
+    rows = status_rows(storage, args.op)
+    if args.op is not None and not rows:
+        planning.load_user_variants(())
+        get_op(args.op)  # an op no stored sweep names, and none registered here: a typo
     if not rows:
         say(f"no sweep is planned in {args.storage}")
         return 0
@@ -278,11 +292,13 @@ def _stale_notes(cells: list[CellResult], op: str) -> list[str]:
 def export_command(args: argparse.Namespace) -> int:
     url = args.storage or DEFAULT_STORAGE
     fmt = export.format_for(args.output, args.format)
-    if args.output:
-        export.check_writable(args.output)
+    _check_calls(args.calls)
     planning.load_user_variants(args.plugin)
     get_op(args.op)
-    cells = load_cells(open_storage(url, must_exist=True), args.op)
+    storage = open_storage(url, must_exist=True, read_only=True)
+    if args.output:
+        export.check_writable(args.output)
+    cells = load_cells(storage, args.op)
     for note in _stale_notes(cells, args.op):
         say(f"note: {note}")
     meta = {"op": args.op, "storage": url, "ranked_by": args.rank_by}

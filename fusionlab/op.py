@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fusionlab.shapes import dtype_name
+
 Shape = tuple[int, ...]
 Inputs = tuple[object, ...]
 
@@ -27,8 +29,13 @@ class Tolerance:
 
 def key_of_first_input(inputs: Sequence[object]) -> tuple[Shape, torch.dtype]:
     """The dispatch key of most norms: the first input's shape and dtype."""
-    first = inputs[0]
-    assert isinstance(first, torch.Tensor)
+    first = inputs[0] if inputs else None
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(
+            f"the first input must be a torch.Tensor (the one the call is keyed by), "
+            f"not {type(first).__name__}"
+        )
+    dtype_name(first.dtype)  # a dtype no cell can hold is refused here, by name
     return tuple(first.shape), first.dtype
 
 
@@ -66,9 +73,6 @@ class OpSpec:
     check_shape: Callable[[Shape], str | None] = last_dim_norm_shape_error
     key_of: Callable[[Sequence[object]], tuple[Shape, torch.dtype]] = key_of_first_input
     nearest: Callable[[Shape, Sequence[Shape]], Shape | None] = nearest_rows_same_hidden
-
-    def input_index(self, name: str) -> int:
-        return self.inputs.index(name)
 
     def as_outputs(self, result: object) -> tuple[object, ...]:
         """A kernel's return value as a tuple in `outputs` order (not yet checked)."""

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import optuna.distributions as od
 import torch
 
 from fusionlab.cell import Cell
@@ -21,6 +22,7 @@ from fusionlab.op import OpSpec, Shape
 from fusionlab.records import RANK_MODES
 from fusionlab.registry import (
     Params,
+    TunableSpace,
     Variant,
     get_op,
     load_entry_points,
@@ -209,8 +211,25 @@ def _human(nbytes: float) -> str:
 
 
 def _positive(name: str, value: float | int | None) -> None:
-    if value is not None and value <= 0:
+    if value is not None and not value > 0:  # NaN is not > 0 either
         raise UserError(f"{name} must be greater than 0 (got {value:g})")
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_SEED = 2**32 - 1 - 1024  # Optuna's samplers take seeds below 2**32; input set i uses seed + i
+
+
+def check_timeout(value: float | None) -> None:
+    """A trial timeout is a finite number of seconds, at most a week."""
+    _positive("--timeout", value)
+    if value is not None and not value <= MAX_TIMEOUT_S:
+        raise UserError(f"--timeout must be at most {MAX_TIMEOUT_S:.0f} s, a week (got {value:g})")
+
+
+def check_seed(value: int) -> None:
+    """A seed every seeded component accepts."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise UserError(f"--seed must be an integer from 0 to {MAX_SEED} (got {value!r})")
 
 
 def choose_variants(
@@ -253,7 +272,8 @@ def make_plan(
     for shape in shape_list:
         check_fits(spec, shape, dtype_list, target)
     _positive("--trials", options.get("trials"))
-    _positive("--timeout", options.get("timeout_s"))
+    check_timeout(options.get("timeout_s"))
+    check_seed(options.get("seed", 0))
     _positive("--calls", options.get("calls"))
     options["threads"] = resolve_threads(target, options.get("threads"))
     if options.get("rank_by", "cold") not in RANK_MODES:
@@ -315,10 +335,34 @@ def parse_params(variant: Variant, pairs: Sequence[str], shape: Shape, device_ty
                 f"{', '.join(variant.tunables) or '(no tunables)'}"
             )
         try:
-            params[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            params[name] = text
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = text
+        problem = tunable_value_problem(variant.tunables[name], value)
+        if problem:
+            raise UserError(f"--param {pair!r}: {problem}")
+        params[name] = value
     reason = variant.rejects(shape, params, device_type)
     if reason:
         raise UserError(f"params {params} cannot run: {reason}")
     return params
+
+
+def tunable_value_problem(space: TunableSpace, value: object) -> str | None:
+    """Why a value is not one of a tunable's own, or None when it is."""
+    if isinstance(space, od.FloatDistribution):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not space.low <= value <= space.high:  # type: ignore[operator]
+            return f"give a number from {space.low:g} to {space.high:g}"
+        return None
+    choices = (
+        range(space.low, space.high + 1, space.step)
+        if isinstance(space, od.IntDistribution)
+        else list(space)
+    )
+    # `True == 1` and `1 == 1.0`: a value matches a choice only with the choice's own type.
+    if any(type(value) is type(choice) and value == choice for choice in choices):
+        return None
+    shown = ", ".join(repr(c) for c in list(choices)[:12])
+    more = ", ..." if len(choices) > 12 else ""
+    return f"choose one of {shown}{more}"

@@ -17,7 +17,9 @@ from fusionlab.devices import get_device
 from fusionlab.errors import UserError
 from fusionlab.op import key_of_first_input
 from fusionlab.plan import installed_toolchain
+from fusionlab.records import RANK_MODES
 from fusionlab.registry import Kernel, get_op, get_variant
+from fusionlab.report.export import WINNERS_VERSION
 from fusionlab.report.winners import cell_winner
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
@@ -57,6 +59,8 @@ class Dispatcher:
     ) -> None:
         """`allow_inplace`: also dispatch to variants that write their results into their inputs
         (as vLLM's fused_add_rms_norm does); off by default, since callers keep their inputs."""
+        if rank_by not in RANK_MODES:  # issue 17: bad input to the Python API
+            raise ValueError(f"rank_by must be one of {', '.join(RANK_MODES)}, not {rank_by!r}")
         self.spec = get_op(op)
         self._allow_inplace = allow_inplace
         self._entries: dict[tuple[str, int, str], list[_Entry]] = {}
@@ -86,27 +90,44 @@ class Dispatcher:
         self._entries.setdefault((device_name, threads, dtype), []).append(entry)
 
     def _load_winners_file(self, path: str) -> None:
+        """Winners from `fusionlab export --format json`. A row names its winner by `variant`
+        (its `fastest` is the display label, e.g. `cpp-inplace (in place)`); an in-place winner
+        gives way to the row's best out-of-place one unless `allow_inplace`."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             if data["meta"]["op"] != self.spec.name:
                 raise UserError(
                     f"{path!r} holds winners of {data['meta']['op']!r}, not {self.spec.name!r}"
                 )
+            version = data["meta"].get("version", 1)
+            if not isinstance(version, int) or version > WINNERS_VERSION:
+                raise UserError(
+                    f"winners file {path!r} has format version {version!r}; this fusionlab "
+                    f"reads up to {WINNERS_VERSION}: upgrade fusionlab or export it again"
+                )
             for row in data["rows"]:
                 if row.get("params_values") is None:
                     continue  # nothing passed in that cell
+                variant, params = row["variant"], row["params_values"]
+                if row.get("inplace") and not self._allow_inplace:
+                    keeps_inputs = row.get("out_of_place")
+                    if keeps_inputs is None:
+                        continue  # only variants that overwrite their inputs passed
+                    variant, params = keeps_inputs["variant"], keeps_inputs["params"]
+                if not isinstance(variant, str) or not isinstance(params, dict):
+                    raise TypeError(f"row {row.get('shape')!r} names no variant and params")
                 self._add(
                     row["device"],
                     int(row.get("threads") or 0),
                     row["dtype"],
                     _Entry(
                         parse_shape(row["shape"]),
-                        row["fastest"],
-                        dict(row["params_values"]),
+                        variant,
+                        dict(params),
                         dict(row.get("toolchain") or {}),
                     ),
                 )
-        except (OSError, ValueError, KeyError, TypeError) as error:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise UserError(
                 f"winners file {path!r} is unreadable ({type(error).__name__}: {error}); "
                 "write it with `fusionlab export OP --format json -o FILE`"

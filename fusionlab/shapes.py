@@ -16,11 +16,12 @@ _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "hal
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """Parse `4x2048x4096` into a tuple of positive ints."""
-    parts = text.strip().lower().split("x")
-    if not all(p.isdigit() for p in parts):
+    parts = text.strip().split("x")
+    # isdigit() alone accepts '²' and other digits int() refuses: only ASCII digits are dims.
+    if not all(p.isascii() and p.isdigit() for p in parts):
         raise UserError(
             f"shape {text!r} does not parse: "
-            "write dims as positive integers joined by 'x', e.g. 32x4096"
+            "write dims as positive integers joined by a lower-case 'x', e.g. 32x4096"
         )
     dims = tuple(int(p) for p in parts)
     if any(d == 0 for d in dims):
@@ -59,6 +60,17 @@ def parse_dtype(text: str) -> str:
 def parse_dtypes(text: str) -> list[str]:
     """Parse a comma-separated list of dtype names."""
     return list(dict.fromkeys(parse_dtype(item) for item in parse_list(text, "--dtypes")))
+
+
+def dtype_name(dtype: object) -> str:
+    """The canonical name of a torch dtype fusionlab measures; TypeError for any other."""
+    for name, value in DTYPES.items():
+        if value == dtype:
+            return name
+    raise TypeError(
+        f"fusionlab measures and dispatches {', '.join(DTYPES)} tensors, not {dtype}: convert "
+        "the input (e.g. x.float()) or call the op directly"
+    )
 
 
 def torch_dtype(name: str) -> torch.dtype:

@@ -23,7 +23,11 @@ Protocol (PostgreSQL through Optuna's RDBStorage, or a journal file through Jour
   RUNNING->PRUNED transition (RDB: row lock, the loser gets UpdateFinishedTrialError; journal: the
   log orders them, the loser's replay raises it) re-enqueues the configuration (`retry_of`), like
   `optuna.storages.RetryFailedTrialCallback` but exactly once. Clocks of the hosts must agree
-  (NTP) to well under the lease. A taken-over worker that is in fact alive loses its `finish`.
+  A lease is judged by one clock: the database server's `now()` on PostgreSQL (as Optuna's
+  RDB heartbeat does), the hosts' clocks on a journal file (they must agree, NTP, to well under
+  the lease). A taken-over worker that is in fact alive loses its `finish`.
+* Storage outages: every storage call here is retried through search/retry.py, and the lease
+  renewal thread keeps renewing through an outage shorter than the retry budget.
 * TPE cells: `propose` samples on a fresh trial (not `study.ask()`, which would pop a WAITING
   configuration; use `TPESampler(constant_liar=True)`, Optuna 5.1's default, so RUNNING claims
   steer other workers away), turns the suggestion into an enqueued
@@ -43,20 +47,23 @@ import os
 import random
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 import sqlalchemy
 from optuna.exceptions import UpdateFinishedTrialError
-from optuna.storages import BaseStorage, RDBStorage
-from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
-from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
+
+from fusionlab.search import optuna_adapter as adapter
+from fusionlab.search.optuna_adapter import frozen, models, storage_of, study_id
+from fusionlab.search.optuna_adapter import trial_id as trial_id_of
+from fusionlab.search.retry import StorageUnavailable
+
+T = TypeVar("T")
 
 CONFIG = "config"
 WORKER = "worker"
@@ -80,11 +87,20 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _sql(storage: BaseStorage) -> RDBStorage | None:
-    """The RDBStorage under a study's storage (Study wraps it in a _CachedStorage), if any."""
-    if isinstance(storage, _CachedStorage):
-        storage = storage._backend
-    return storage if isinstance(storage, RDBStorage) else None
+def _retried(study: optuna.Study, fn: Callable[[], T]) -> T:
+    """A call that reaches the storage without going through it (fusionlab's own queries),
+    retried by the storage's policy when it has one (open_storage gives it one)."""
+    policy = getattr(storage_of(study), "policy", None)
+    return fn() if policy is None else policy.call(fn)
+
+
+def _query(study: optuna.Study, statement: Any) -> list[Any]:
+    return _retried(study, lambda: adapter.query(storage_of(study), statement))
+
+
+def storage_now(study: optuna.Study) -> float:
+    """Now, by the clock leases are judged by (see the module docstring)."""
+    return _retried(study, lambda: adapter.server_now(storage_of(study)))
 
 
 def _key_of(trial: FrozenTrial) -> str | None:
@@ -93,20 +109,19 @@ def _key_of(trial: FrozenTrial) -> str | None:
 
 def _keys_in(study: optuna.Study, states: Sequence[TrialState]) -> set[str]:
     """Keys of every configuration that has a trial in one of these states."""
-    rdb = _sql(study._storage)
+    rdb = adapter.rdb_of(storage_of(study))
     if rdb is None:
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False, states=states)
+        trials = storage_of(study).get_all_trials(study_id(study), deepcopy=False, states=states)
         return {key for t in trials if (key := _key_of(t)) is not None}
     # A targeted query: get_all_trials would load every trial's records (KBs each) to read keys.
     query = (
         sqlalchemy.select(models.TrialUserAttributeModel.value_json)
         .join(models.TrialModel)
-        .where(models.TrialModel.study_id == study._study_id)
+        .where(models.TrialModel.study_id == study_id(study))
         .where(models.TrialModel.state.in_(states))
         .where(models.TrialUserAttributeModel.key == CONFIG)
     )
-    with rdb.engine.connect() as connection:
-        return {json.loads(value) for (value,) in connection.execute(query)}
+    return {json.loads(value) for (value,) in _query(study, query)}
 
 
 def _live_keys(study: optuna.Study) -> set[str]:
@@ -121,33 +136,32 @@ def done_keys(study: optuna.Study) -> set[str]:
 
 def _twins(study: optuna.Study, key: str) -> list[tuple[int, TrialState]]:
     """(number, state) of every trial of one configuration."""
-    rdb = _sql(study._storage)
+    rdb = adapter.rdb_of(storage_of(study))
     if rdb is None:
-        trials = study._storage.get_all_trials(study._study_id, deepcopy=False)
+        trials = storage_of(study).get_all_trials(study_id(study), deepcopy=False)
         return [(t.number, t.state) for t in trials if _key_of(t) == key]
     query = (
         sqlalchemy.select(models.TrialModel.number, models.TrialModel.state)
         .join(models.TrialUserAttributeModel)
-        .where(models.TrialModel.study_id == study._study_id)
+        .where(models.TrialModel.study_id == study_id(study))
         .where(models.TrialUserAttributeModel.key == CONFIG)
         .where(models.TrialUserAttributeModel.value_json == json.dumps(key))
     )
-    with rdb.engine.connect() as connection:
-        return [(number, state) for number, state in connection.execute(query)]
+    return [(number, state) for number, state in _query(study, query)]
 
 
 def _waiting(study: optuna.Study) -> list[tuple[int, str | None]]:
     """(trial id, config key) of every WAITING trial, oldest first."""
-    rdb = _sql(study._storage)
+    rdb = adapter.rdb_of(storage_of(study))
     if rdb is None:
-        trials = study._storage.get_all_trials(
-            study._study_id, deepcopy=False, states=(TrialState.WAITING,)
+        trials = storage_of(study).get_all_trials(
+            study_id(study), deepcopy=False, states=(TrialState.WAITING,)
         )
-        return [(t._trial_id, _key_of(t)) for t in trials]
+        return [(trial_id_of(t), _key_of(t)) for t in trials]
     query = (
         sqlalchemy.select(models.TrialModel.trial_id, models.TrialUserAttributeModel.value_json)
         .join(models.TrialUserAttributeModel, isouter=True)
-        .where(models.TrialModel.study_id == study._study_id)
+        .where(models.TrialModel.study_id == study_id(study))
         .where(models.TrialModel.state == TrialState.WAITING)
         .where(
             sqlalchemy.or_(
@@ -157,11 +171,8 @@ def _waiting(study: optuna.Study) -> list[tuple[int, str | None]]:
         )
         .order_by(models.TrialModel.number)
     )
-    with rdb.engine.connect() as connection:
-        return [
-            (trial_id, None if value is None else json.loads(value))
-            for trial_id, value in connection.execute(query)
-        ]
+    rows = _query(study, query)
+    return [(tid, None if value is None else json.loads(value)) for tid, value in rows]
 
 
 def _enqueue(study: optuna.Study, key: str, params: dict[str, Any], **attrs: Any) -> None:
@@ -195,9 +206,10 @@ class Claim:
     def __init__(self, study: optuna.Study, trial: optuna.Trial, worker: str, lease: Lease) -> None:
         self.study = study
         self.trial = trial
-        self.key: str = self.trial._cached_frozen_trial.user_attrs[CONFIG]
+        self.key: str = frozen(self.trial).user_attrs[CONFIG]
         self.worker = worker
         self.lost = False  # taken over by another worker (this one looked dead)
+        self.unreachable: StorageUnavailable | None = None  # the renewal gave up on the storage
         self._lease = lease
         self._stop = threading.Event()
         self._renew()
@@ -206,14 +218,18 @@ class Claim:
         self._thread.start()
 
     def _renew(self) -> None:
-        self.trial.set_user_attr(LEASE, time.time() + self._lease.seconds)
+        self.trial.set_user_attr(LEASE, storage_now(self.study) + self._lease.seconds)
 
     def _keep_alive(self) -> None:
+        """Renew until the claim ends; through an outage the renewal waits in the retry."""
         while not self._stop.wait(self._lease.renew_s):
             try:
                 self._renew()
             except UpdateFinishedTrialError:
                 self.lost = True
+                return
+            except StorageUnavailable as error:
+                self.unreachable = error
                 return
 
     def _end(self) -> None:
@@ -231,18 +247,25 @@ class Claim:
                 self.trial.set_user_attr(name, attr)
             # What study.tell does, less its two re-reads of the trial (a third of a claim's
             # cost); the sampler hook sees the trial as claimed, which its users never read.
-            self.study.sampler.after_trial(
-                self.study, self.trial._cached_frozen_trial, state, values
-            )
-            self.study._storage.set_trial_state_values(self.trial._trial_id, state, values)
+            self.study.sampler.after_trial(self.study, frozen(self.trial), state, values)
+            storage_of(self.study).set_trial_state_values(trial_id_of(self.trial), state, values)
         except UpdateFinishedTrialError:
-            self.lost = True
+            # Only a claim's holder ends it COMPLETE or FAIL (a taker-over ends it PRUNED): a
+            # trial already in our state is our own write, landed before the connection broke.
+            stored = storage_of(self.study).get_trial(trial_id_of(self.trial)).state
+            self.lost = stored != state
+        except StorageUnavailable as error:
+            what = "measurement" if value is not None or user_attrs else "result"
+            raise StorageUnavailable(
+                f"{error} (this worker's {what} of {self.key} could not be stored: the "
+                "configuration will be measured again on resume)"
+            ) from None
         return not self.lost
 
     def release(self) -> None:
         """Give the configuration back unmeasured (Ctrl-C, shutdown): another worker takes it."""
         self._end()
-        if _take_back(self.study, self.trial._cached_frozen_trial, "released"):
+        if _take_back(self.study, frozen(self.trial), "released"):
             return
         self.lost = True
 
@@ -250,15 +273,18 @@ class Claim:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        """An exception before `finish` (Ctrl-C included) releases the configuration."""
-        if self._thread.is_alive():
+        """An exception before `finish` (Ctrl-C included) releases the configuration; when
+        the storage is gone the claim is left to expire."""
+        if kind is not None and issubclass(kind, StorageUnavailable):
+            self._stop.set()
+        elif self._thread.is_alive():
             self.release()
 
 
 def _take_back(study: optuna.Study, trial: FrozenTrial, why: str) -> bool:
     """End a RUNNING trial PRUNED and re-enqueue its configuration; True if this call won."""
     try:
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.PRUNED)
+        storage_of(study).set_trial_state_values(trial_id_of(trial), TrialState.PRUNED)
     except UpdateFinishedTrialError:
         # RDB: the row lock made us second; journal: our log replayed after another end.
         return False
@@ -277,10 +303,10 @@ def _expired(trial: FrozenTrial, lease: Lease, now: float) -> bool:
 
 def take_over_stale(study: optuna.Study, lease: Lease) -> int:
     """Re-enqueue the configuration of every claim whose lease ran out; returns how many."""
-    running = study._storage.get_all_trials(
-        study._study_id, deepcopy=False, states=(TrialState.RUNNING,)
+    running = storage_of(study).get_all_trials(
+        study_id(study), deepcopy=False, states=(TrialState.RUNNING,)
     )
-    now = time.time()
+    now = storage_now(study)
     return sum(
         _take_back(study, trial, "lease expired")
         for trial in running
@@ -318,44 +344,31 @@ def claim_next(
         start = random.randrange(len(waiting)) if spread else 0
         for trial_id in waiting[start:] + waiting[:start]:
             try:
-                if not study._storage.set_trial_state_values(trial_id, TrialState.RUNNING):
+                if not storage_of(study).set_trial_state_values(trial_id, TrialState.RUNNING):
                     continue
             except UpdateFinishedTrialError:
                 continue
             try:
                 claim = _resolve_twins(study, trial_id, worker, lease)
+            except StorageUnavailable:
+                raise  # the claim's lease expires and another worker takes it over
             except BaseException:  # Ctrl-C between the pop and the claim: give the trial back
-                _take_back(study, study._storage.get_trial(trial_id), "released")
+                _take_back(study, storage_of(study).get_trial(trial_id), "released")
                 raise
             if claim is not None:
                 return claim
 
 
-def _adopt(study: optuna.Study, trial_id: int) -> None:
-    """Tell the Study's _CachedStorage about a trial it never read: its `set_trial_param` (a
-    suggest replaying the enqueued params) looks the trial up there. Study.ask() gets this from
-    `_pop_waiting_trial_id` reading every WAITING trial through the cache, which is what this
-    module avoids."""
-    storage = study._storage
-    if not isinstance(storage, _CachedStorage):
-        return
-    frozen = storage._backend.get_trial(trial_id)
-    with storage._lock:
-        info = storage._studies.setdefault(study._study_id, _StudyInfo())
-        storage._add_trials_to_cache(study._study_id, [frozen])
-        info.unfinished_trial_ids.add(trial_id)  # so the cache re-reads it once it ends
-
-
 def _resolve_twins(study: optuna.Study, trial_id: int, worker: str, lease: Lease) -> Claim | None:
-    _adopt(study, trial_id)
+    _retried(study, lambda: adapter.adopt(study, trial_id))
     trial = optuna.Trial(study, trial_id)
-    key = _key_of(trial._cached_frozen_trial)
+    key = _key_of(frozen(trial))
     assert key is not None, f"trial {trial.number} was enqueued without a {CONFIG!r} attr"
     lowest = min(number for number, state in _twins(study, key) if state in LIVE)
     if lowest == trial.number:
         return Claim(study, trial, worker, lease)
-    study._storage.set_trial_user_attr(trial_id, "duplicate_of", lowest)
-    study._storage.set_trial_state_values(trial_id, TrialState.PRUNED)
+    storage_of(study).set_trial_user_attr(trial_id, "duplicate_of", lowest)
+    storage_of(study).set_trial_state_values(trial_id, TrialState.PRUNED)
     return None
 
 
@@ -370,8 +383,8 @@ def propose(
     avoid it). Returns the key when it was enqueued, None otherwise; claim it with `claim_next`.
     """
     # Not study.ask(): it would pop a WAITING configuration (someone's claim) as the proposal.
-    study._thread_local.cached_all_trials = None  # as ask() does: the sampler reads fresh trials
-    trial = optuna.Trial(study, study._storage.create_new_trial(study._study_id))
+    adapter.forget_trials_read(study)
+    trial = optuna.Trial(study, storage_of(study).create_new_trial(study_id(study)))
     proposal = suggest(trial)
     if proposal is None:
         study.tell(trial, state=TrialState.PRUNED)
@@ -393,8 +406,8 @@ def propose(
 
 def _value_of(study: optuna.Study, key: str) -> float | None:
     """The stored value of a configuration measured with success, if any."""
-    done = study._storage.get_all_trials(
-        study._study_id, deepcopy=False, states=(TrialState.COMPLETE,)
+    done = storage_of(study).get_all_trials(
+        study_id(study), deepcopy=False, states=(TrialState.COMPLETE,)
     )
     return next((t.value for t in done if _key_of(t) == key), None)
 
@@ -408,24 +421,39 @@ class Status:
     running: dict[str, int] = field(default_factory=dict)
     duplicates: int = 0
     retried: int = 0
+    expired: dict[str, int] = field(default_factory=dict)  # claims whose lease ran out
 
 
-def status(study: optuna.Study) -> Status:
-    """Counts over the cell's trials (reads every trial: for progress lines, not hot loops)."""
+def status(study: optuna.Study, lease: Lease = Lease()) -> Status:
+    """Counts over the cell's trials (reads every trial: for progress lines, not hot loops).
+    A RUNNING claim whose lease ran out (its worker died or lost the storage) counts as expired,
+    not running: the next worker to look takes it over."""
     trials = [t for t in study.get_trials(deepcopy=False) if CONFIG in t.user_attrs]
+    now = storage_now(study)
+    claimed = [t for t in trials if t.state == TrialState.RUNNING]
     return Status(
         done=len({_key_of(t) for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)}),
         waiting=sum(t.state == TrialState.WAITING for t in trials),
         running=dict(
-            Counter(t.user_attrs.get(WORKER, "?") for t in trials if t.state == TrialState.RUNNING)
+            Counter(t.user_attrs.get(WORKER, "?") for t in claimed if not _expired(t, lease, now))
         ),
         duplicates=sum("duplicate_of" in t.user_attrs for t in trials),
         retried=sum("retry_of" in t.user_attrs for t in trials),
+        expired=dict(
+            Counter(t.user_attrs.get(WORKER, "?") for t in claimed if _expired(t, lease, now))
+        ),
     )
+
+
+def has_work(study: optuna.Study) -> bool:
+    """Whether a cell has a configuration waiting or a claim held: something to join."""
+    return bool(_waiting(study)) or anything_running(study)
 
 
 def anything_running(study: optuna.Study) -> bool:
-    """Whether any worker holds a claim in this cell now."""
-    return bool(
-        study._storage.get_all_trials(study._study_id, deepcopy=False, states=(TrialState.RUNNING,))
+    """Whether any worker holds a claim in this cell now (a proposal trial, RUNNING for a
+    moment, is not a claim)."""
+    running = storage_of(study).get_all_trials(
+        study_id(study), deepcopy=False, states=(TrialState.RUNNING,)
     )
+    return any(CONFIG in t.user_attrs for t in running)

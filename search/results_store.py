@@ -3,6 +3,7 @@ and reading cells back. Everything else reads and writes results through this mo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -37,8 +38,23 @@ def write_cell(study: optuna.Study, cell: Cell) -> None:
     study.set_user_attr(CELL_ATTR, cell.to_dict())
 
 
+def plan_id(plan: dict[str, Any]) -> str:
+    """A plan's identity: a hash of its variants, shapes, dtypes and settings."""
+    return hashlib.sha1(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def write_plan(study: optuna.Study, plan: dict[str, Any]) -> None:
-    study.set_user_attr(PLAN_ATTR, plan)
+    """Record one more sweep plan in a cell (each plan under its own key: two sweeps planning
+    the same cell at once never overwrite each other's)."""
+    key = f"{PLAN_ATTR}:{plan_id(plan)}"
+    if key not in study.user_attrs:
+        study.set_user_attr(key, plan)
+
+
+def _plans_of(attrs: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan recorded in a cell, the older single-plan attribute included."""
+    plans = [value for key, value in attrs.items() if key.startswith(f"{PLAN_ATTR}:")]
+    return plans or ([attrs[PLAN_ATTR]] if PLAN_ATTR in attrs else [])
 
 
 def verdict_key(mode: str, contenders: list[str]) -> str:
@@ -113,6 +129,20 @@ class CellResult:
     def failures(self) -> list[TrialRecord]:
         return [r for r in self.records if not r.passed]
 
+    def only(self, variants: list[str] | None) -> CellResult:
+        """This cell as one sweep asked for it: the records of its variants (None: all) and
+        the verdicts among them alone."""
+        if variants is None:
+            return self
+        records = [r for r in self.records if r.variant in variants]
+        labels = {r.config_label() for r in records}
+        verdicts = {
+            mode: verdict
+            for mode, verdict in self.verdicts.items()
+            if set(verdict.get("contenders", [])) <= labels
+        }
+        return CellResult(self.cell, records, self.rejected, verdicts)
+
     def record_of(self, label: str) -> TrialRecord | None:
         return next((r for r in self.records if r.config_label() == label), None)
 
@@ -134,11 +164,12 @@ def cell_from_study(attrs: dict[str, Any], trials: list[FrozenTrial]) -> CellRes
 
 
 def planned_cells(storage: BaseStorage) -> list[tuple[Cell, dict[str, Any]]]:
-    """Every cell a sweep planned in this storage, with that sweep's plan."""
+    """Every cell a sweep planned in this storage, once per plan that names it."""
     return [
-        (Cell.from_dict(study.user_attrs[CELL_ATTR]), study.user_attrs[PLAN_ATTR])
+        (Cell.from_dict(study.user_attrs[CELL_ATTR]), plan)
         for study in storage.get_all_studies()
-        if CELL_ATTR in study.user_attrs and PLAN_ATTR in study.user_attrs
+        if CELL_ATTR in study.user_attrs
+        for plan in _plans_of(study.user_attrs)
     ]
 
 

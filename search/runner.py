@@ -122,8 +122,8 @@ class Sweep:
         )
         if store.CELL_ATTR not in study.user_attrs:
             store.write_cell(study, cell)
-            store.write_plan(study, plan_to_dict(self.plan))
             store.write_metric_name(study, self.plan.rank_by)
+        store.write_plan(study, plan_to_dict(self.plan))  # issue 17: every plan of the cell
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
@@ -183,7 +183,7 @@ class Sweep:
         study = cell.study
         result = store.cell_from_study(study.user_attrs, study.get_trials(deepcopy=False))
         assert result is not None
-        return result
+        return result.only(self.plan.variants)  # issue 17: another plan's variants are not ours
 
     def _advance(self, cell: _OpenCell, worker: TrialWorker) -> bool:
         """Measure what this cell has left to claim; True once nothing is left for anyone."""

@@ -16,10 +16,10 @@ from optuna.storages import BaseStorage
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, unavailable_reason
 from fusionlab.errors import UserError
-from fusionlab.plan import SweepPlan, plan_from_dict
+from fusionlab.plan import SweepPlan, plan_from_dict, plan_to_dict
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
-from fusionlab.search.runner import measured_count
+from fusionlab.search.runner import lease_from_env, measured_count
 from fusionlab.search.storage import is_parallel_safe
 
 CORES_ENV = "FUSIONLAB_CPU_CORES"  # a pinned CPU worker's cores, e.g. "0,1"
@@ -85,10 +85,14 @@ def pin_to_env_cores() -> None:
 
 
 def start_local_workers(
-    url: str, op: str, device: Device, count: int, pin: bool
+    url: str, plan: SweepPlan, count: int, pin: bool
 ) -> list[subprocess.Popen]:
-    """`fusionlab worker` processes on this host, one per device (or core group)."""
-    command = [sys.executable, "-m", "fusionlab.cli", "worker", "--storage", url, "--op", op]
+    """`fusionlab worker` processes on this host, one per device (or core group), that work
+    on this plan alone (another sweep's work in the same storage is left to its own workers)."""
+    ident = store.plan_id(plan_to_dict(plan))
+    command = [sys.executable, "-m", "fusionlab.cli", "worker", "--storage", url, "--op",
+               plan.op, "--plan", ident]
+    device = plan.device
     return [
         subprocess.Popen(command, env={**os.environ, **env})
         for env in worker_envs(device, count, pin)
@@ -96,16 +100,21 @@ def start_local_workers(
 
 
 def joinable_plans(
-    storage: BaseStorage, url: str, op: str | None, note: Callable[[str], None]
+    storage: BaseStorage,
+    url: str,
+    op: str | None,
+    note: Callable[[str], None],
+    plan_id: str | None = None,
 ) -> list[SweepPlan]:
-    """Every sweep planned in the storage that this host can measure; says why it skips others."""
+    """Every sweep planned in the storage that this host can measure (only the plan `plan_id`
+    when given); says why it skips others."""
     unsafe = is_parallel_safe(url)
     if unsafe:
         raise UserError(unsafe)
     by_plan: dict[str, list[Cell]] = {}
     plans: dict[str, dict] = {}
     for cell, plan in store.planned_cells(storage):
-        if op is None or cell.op == op:
+        if (op is None or cell.op == op) and plan_id in (None, store.plan_id(plan)):
             key = json.dumps(plan, sort_keys=True)
             plans[key] = plan
             by_plan.setdefault(key, []).append(cell)
@@ -116,10 +125,16 @@ def joinable_plans(
             f"{url}`, then join it"
         )
     joined = []
+    finished = 0
     for key, data in plans.items():
         reason = unavailable_reason(data["device"])
         if reason is not None:
             note(f"skipping the {data['op']} sweep on {data['device']}: {reason}")
+            continue
+        # Joining all, a worker leaves alone the cells of sweeps with nothing left to claim (a
+        # sweep's own workers, given its plan, still finish its re-measurements).
+        if plan_id is None and not any(_has_work(storage, c) for c in by_plan[key]):
+            finished += 1
             continue
         plan = plan_from_dict(data)
         here = plan.cells()
@@ -133,21 +148,34 @@ def joinable_plans(
             )
             continue
         joined.append(plan)
-    if not joined:
+    if finished:
+        note(f"{finished} finished sweep(s) left alone: nothing waits in their cells")
+    if not joined and finished < len(plans):
         raise UserError(f"nothing in {url} can be measured on this host (see the notes above)")
     return joined
+
+
+def _has_work(storage: BaseStorage, cell: Cell) -> bool:
+    study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
+    return claims.has_work(study)
 
 
 def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]:
     """One row per planned cell: measured, running (by whom), waiting, verdict."""
     rows = []
+    lease = lease_from_env()
+    seen: set[str] = set()
     for cell, plan in store.planned_cells(storage):
-        if op is not None and cell.op != op:
+        if (op is not None and cell.op != op) or store.study_name(cell) in seen:
             continue
+        seen.add(store.study_name(cell))
         study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
-        status = claims.status(study)
+        status = claims.status(study, lease)
         verdict = study.user_attrs.get(store.VERDICT_ATTR, {}).get(plan["rank_by"])
-        running = ", ".join(f"{worker} ({n})" for worker, n in sorted(status.running.items()))
+        running = ", ".join(
+            [f"{worker} ({n})" for worker, n in sorted(status.running.items())]
+            + [f"{worker} ({n}, lease expired)" for worker, n in sorted(status.expired.items())]
+        )
         rows.append(
             {
                 "op": cell.op,

@@ -82,7 +82,9 @@ def test_threads_below_one_is_refused(tmp_path: Path, value: str) -> None:
 def test_pinned_workers_measure_every_configuration_once(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     probe = tmp_path / "threads.txt"
+    affinity = tmp_path / "affinity.txt"
     monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
+    monkeypatch.setenv("FUSIONLAB_AFFINITY_PROBE", str(affinity))
     url = f"journal:{tmp_path / 'pinned.journal'}"
     _sweep(tmp_path, url, "--workers", "2", "--pin")
     (cell,) = load_cells(open_storage(url, must_exist=True), "rmsnorm")
@@ -90,3 +92,14 @@ def test_pinned_workers_measure_every_configuration_once(tmp_path: Path,
     measured = sorted(r.variant for r in cell.records)
     assert measured == ["builtin", "threads-probe"], measured
     assert set(probe.read_text().split()) == {"1"}
+    # Every process below the sweep (its two workers and their measuring processes) runs on its
+    # worker's own cores: two disjoint core sets, one core each here, nothing unpinned.
+    here = len(os.sched_getaffinity(0))
+    below = {
+        frozenset(int(core) for core in cores.split(","))
+        for pid, parent, cores in (line.split() for line in affinity.read_text().splitlines())
+        if int(parent) != os.getpid()
+    }
+    assert len(below) == 2, below
+    first, second = below
+    assert not first & second and len(first) == len(second) == here // 2, below

@@ -102,3 +102,33 @@ def test_dispatcher_warns_for_a_winners_file_of_another_toolchain(tmp_path: Path
     assert f"torch 2.0.0 -> {torch.__version__}" in messages[0]
     assert "fusionlab sweep rmsnorm" in messages[0]
     torch.testing.assert_close(out, torch.rms_norm(x, (64,), weight, 1e-6), atol=1e-5, rtol=1e-5)
+
+
+def _layernorm_hash(kernels: Path) -> str:
+    from fusionlab.toolchain import files_hash, op_folder_sources
+
+    return files_hash(op_folder_sources(kernels / "layernorm", [kernels]))
+
+
+def test_a_shared_header_or_helper_starts_new_cells_and_a_test_helper_does_not(
+        tmp_path: Path) -> None:
+    """In a copy of the kernel tree: layernorm's identity follows rmsnorm's C++ header and
+    Triton helpers it uses, and not the NKI hardware model that only tests replay on."""
+    from fusionlab.registry import get_op
+    from fusionlab.toolchain import _source_files
+
+    real = Path(__file__).resolve().parents[1] / "kernels"
+    assert real / "rmsnorm" / "csrc" / "cpu_norm_common.h" in _source_files(get_op("layernorm"))
+    kernels = tmp_path / "kernels"
+    shutil.copytree(real, kernels, ignore=shutil.ignore_patterns("__pycache__"))
+    before = _layernorm_hash(kernels)
+    replay = kernels / "nki_replay.py"
+    replay.write_text(replay.read_text() + "\n# the hardware model edited\n")
+    assert _layernorm_hash(kernels) == before
+    for shared in ("rmsnorm/csrc/cpu_norm_common.h", "rmsnorm/triton_kernel.py"):
+        file = kernels / shared
+        file.write_text(file.read_text() + "\n// edited\n" if file.suffix == ".h"
+                        else file.read_text() + "\n# edited\n")
+        after = _layernorm_hash(kernels)
+        assert after != before, shared
+        before = after

@@ -293,7 +293,7 @@ def huge_page_clone_gbps(
     mode = thp_mode()
     if mode in ("never", "unavailable"):
         return HugePageClone(None, mode, None, f"transparent huge pages are {mode} in this kernel")
-    code = ("import json, sys; from fusionlab.limits import _clone_here; "
+    code = ("import json, sys; from fusionlab.measure.limits import _clone_here; "
             "print(json.dumps(_clone_here(int(sys.argv[1]), sys.argv[2])))")
     env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1"}
     try:

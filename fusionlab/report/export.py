@@ -14,6 +14,7 @@ from fusionlab.errors import UserError
 from fusionlab.report.tables import display_rows
 
 FORMATS = ("md", "csv", "json", "latex", "html")
+WINNERS_VERSION = 1  # of the json export, which the Dispatcher reads as a winners file
 _SUFFIXES = {
     ".md": "md",
     ".markdown": "md",
@@ -47,17 +48,30 @@ def format_for(path: str | None, requested: str | None = None) -> str:
 
 def check_writable(path: str) -> None:
     """Fail early, before any measurement, when the export file cannot be written."""
-    folder = Path(path).parent
+    file = Path(path)
+    folder = file.parent
     if not folder.is_dir():
         raise UserError(f"cannot write {path!r}: folder {str(folder)!r} does not exist")
-    if Path(path).is_dir():
+    if file.is_dir():
         raise UserError(f"cannot write {path!r}: it is a folder")
+    existed = file.exists()
+    try:  # proven by opening it for writing (appending nothing), not guessed from permissions
+        with file.open("a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise UserError(f"cannot write {path!r}: {error.strerror or error}") from None
+    if not existed:
+        file.unlink()
 
 
 def render(rows: list[dict[str, Any]], fmt: str, meta: dict[str, Any]) -> str:
     """The table in one format; json keeps numbers as numbers and adds metadata."""
     if fmt == "json":
-        return json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
+        # A row names its winner by `variant` (`fastest` is its display label) and carries
+        # `inplace` and, for an in-place winner, the best `out_of_place` one (the Dispatcher's
+        # winners file reads these; fusionlab/runtime.py).
+        return json.dumps({"meta": {**meta, "version": WINNERS_VERSION}, "rows": rows},
+                          indent=2) + "\n"
     shown = display_rows(rows, meta["op"])
     if fmt == "csv":
         buffer = io.StringIO()
