@@ -14,6 +14,7 @@ import torch
 
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device
+from fusionlab.measure import disturbance
 from fusionlab.measure.correctness import (
     GateFailure,
     check_memory,
@@ -249,9 +250,11 @@ def copy_limit(
     measure anew and keep the better figure: noise only ever slows a copy)."""
     known = _LIMITS.get(device.type, dtype, nbytes, cold)
     if known is None or again:
+        watch = disturbance.Watch()  # disturbance: a limit measured while busy is marked
         fresh = measure_copy_limits(
             device.type, dtype, nbytes, device.synchronize, cold, device.cache_bytes()
         )
+        fresh.note = disturbance.mark_busy(fresh.note, watch.stop())
         if known is None or fresh.limit_gbps > known.limit_gbps:
             _LIMITS.put(fresh)
     return _LIMITS.get(device.type, dtype, nbytes, cold) or known  # type: ignore[return-value]
@@ -278,12 +281,15 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     phase.end("inputs, build, first call")
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
+    watch = disturbance.Watch()  # disturbance: what else ran while this trial was timed
     record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False, seed=task.seed)
     phase.end("warm timing")
     cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
     if cold_count > WARM_SETS or m.device.event_device_types:
         record.cold = timed_and_checked(m, cold_count, task.timing, cold=True, seed=task.seed + 1)
     phase.end("cold timing")
+    seen = watch.stop()  # disturbance: recorded; the sweep warns once and marks the rows
+    record.disturbance = seen.to_dict() if seen is not None else {}
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
     check_follows_new_values(m, task.seed)
     if not m.variant.inplace:
@@ -302,6 +308,10 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
             if reason is None:
                 break
         record.limits[mode] = limit
+        if reason and disturbance.BUSY_NOTE in limit.note:
+            # disturbance: a copy limit measured on a busy machine is no yardstick; say so instead
+            record.message = f"{mode} not judged: {reason}; that limit was {limit.note}"
+            reason = None
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
     phase.end("gate checks, copy limits")
