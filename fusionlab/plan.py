@@ -16,6 +16,7 @@ from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device, resolve_device
 from fusionlab.errors import UserError
 from fusionlab.measure.profiling import ProfilerSettings
+from fusionlab.measure.rounds import StopRule
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.op import OpSpec, Shape
 from fusionlab.records import RANK_MODES
@@ -41,9 +42,12 @@ _HELD_OUTPUTS = 8
 
 @dataclass(frozen=True)
 class Confirm:
-    """How a cell's contenders are re-measured after the search (see report/verdict.py)."""
+    """How a cell's contenders are re-measured after the search (see report/verdict.py): in
+    interleaved rounds until the cell is decided or its budget is spent (measure/rounds.py)."""
 
-    rounds: int = 5
+    min_rounds: int = 5
+    max_rounds: int = 30
+    budget_s: float = 3.0  # wall time of one cell's rounds
     within: float = 0.10  # contenders: every variant's best within this of the fastest
     min_contenders: int = 2
     timing: TimingSettings = field(
@@ -51,6 +55,10 @@ class Confirm:
             warmup_s=0.01, budget_s=0.04, min_samples=5, max_samples=25, checked_calls=1
         )
     )
+
+    @property
+    def rule(self) -> StopRule:
+        return StopRule(self.min_rounds, self.max_rounds, self.budget_s)
 
 
 @dataclass(frozen=True)
@@ -161,7 +169,8 @@ def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
     )
     confirm = data["confirm"]
     if confirm is not None:
-        confirm = Confirm(**{**confirm, "timing": TimingSettings(**confirm["timing"])})
+        known = {name: value for name, value in confirm.items() if name in Confirm.__annotations__}
+        confirm = Confirm(**{**known, "timing": TimingSettings(**confirm["timing"])})
     return replace(
         plan,
         exhaustive_limit=data["exhaustive_limit"],

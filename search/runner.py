@@ -12,6 +12,7 @@ import json
 import os
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,13 +20,14 @@ import optuna
 from optuna.storages import BaseStorage
 
 from fusionlab.cell import Cell
+from fusionlab.measure import disturbance
 from fusionlab.measure.rounds import RoundsTask
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
-from fusionlab.report.verdict import Contender, decide
-from fusionlab.report.winners import first_use_by_variant
+from fusionlab.report.verdict import EQUIVALENT, FASTER, INCONCLUSIVE, ONLY, Contender, decide
+from fusionlab.report.winners import first_use_by_variant, verdict_decision
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
 from fusionlab.search.results_store import CellResult
@@ -91,6 +93,9 @@ class Sweep:
         self.search_s = 0.0  # wall time of this runner's measurements of configurations
         self.confirm_s = 0.0  # and of its interleaved re-measurements
         self.confirmed_here = 0
+        self.extra_rounds = 0  # rounds beyond the minimum, because a cell was not decided yet
+        self.extra_rounds_s = 0.0
+        self.windows: list[dict] = []  # what other processes did during each timed window
         self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
@@ -246,6 +251,8 @@ class Sweep:
         start = time.perf_counter()
         record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
         self.search_s += time.perf_counter() - start
+        if record.disturbance:
+            self.windows.append(record.disturbance)
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
@@ -281,7 +288,8 @@ class Sweep:
         return store.verdict_key(self.plan.rank_by, labels)
 
     def _confirm(self, cell: _OpenCell, claim: claims.Claim, worker: TrialWorker) -> None:
-        """Re-measure the contenders in interleaved rounds; store the verdict with its interval."""
+        """Re-measure the contenders in interleaved rounds until the data decides or the cell's
+        budget is spent; store the verdict with its interval and how the rounds went."""
         confirm, mode = self.plan.confirm, self.plan.rank_by
         assert confirm is not None
         result = self._result(cell)
@@ -290,40 +298,88 @@ class Sweep:
         if store.verdict_key(mode, labels) != claim.key:  # the contenders changed meanwhile
             claim.finish(None)
             return
-        task = RoundsTask(
-            cell=cell.cell,
-            contenders=[(r.config_label(), r.variant, dict(r.params)) for r in chosen],
-            mode=mode,
-            rounds=confirm.rounds if len(chosen) > 1 else 0,
-            seed=self.plan.seed,
-            timing=confirm.timing,
-        )
-        self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
-        start = time.perf_counter()
-        outcome = worker.run(task, self.plan.timeout_s * max(len(chosen), 1))
-        self.confirm_s += time.perf_counter() - start
-        self.confirmed_here += 1
+        outcome: dict[str, dict] = {}
+        rounds: dict[str, object] = {"run": 0}
+        if len(chosen) > 1:
+            task = RoundsTask(
+                cell=cell.cell,
+                contenders=[(r.config_label(), r.variant, dict(r.params)) for r in chosen],
+                mode=mode,
+                rule=confirm.rule,
+                seed=self.plan.seed,
+                timing=confirm.timing,
+            )
+            self.notice(
+                f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds"
+            )
+            start = time.perf_counter()
+            reply = worker.run(task, self.plan.timeout_s * len(chosen) + confirm.budget_s)
+            self.confirm_s += time.perf_counter() - start
+            self.confirmed_here += 1
+            outcome, rounds = reply["contenders"], reply["rounds"]
+            self.windows.extend(w for w in rounds["windows"] if w)
+            self.extra_rounds += max(0, rounds["run"] - confirm.min_rounds)
+            if rounds["run"]:
+                share = max(0, rounds["run"] - confirm.min_rounds) / rounds["run"]
+                self.extra_rounds_s += share * rounds["elapsed_s"]
         variants = cell.space.variants
         first_use = first_use_by_variant(result)
         contenders = []
         for record in chosen:
-            entry = outcome[record.config_label()]
-            if entry["status"] != Status.PASSED.value or (task.rounds and not entry["rounds"]):
+            entry = outcome.get(record.config_label(), {"status": Status.PASSED.value})
+            if entry["status"] != Status.PASSED.value or (rounds["run"] and not entry["rounds"]):
                 self.notice(
                     f"  {record.config_label()} dropped: {entry['status']}: {entry['message']}"
                 )
                 continue
-            rounds = entry["rounds"] or [record.timing_for(mode).samples_ms]  # type: ignore[union-attr]
+            samples = record.timing_for(mode).samples_ms  # type: ignore[union-attr]
             contenders.append(
                 Contender(
                     name=record.config_label(),
                     kind=variants[record.variant].kind,
                     first_use_ms=first_use.get(record.variant),
-                    rounds=rounds,
+                    rounds=entry.get("rounds") or [samples],
                 )
             )
         if contenders:
             verdict = decide(contenders).to_dict()
             verdict["contenders"] = labels
+            verdict["rounds"] = {k: v for k, v in rounds.items() if k != "windows"}
+            if rounds.get("disturbed"):
+                verdict["reason"] += (
+                    f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
+                    "other processes and measured again"
+                )
             store.write_verdict(cell.study, mode, verdict)
         claim.finish(None)
+
+    def closing_line(self) -> str | None:
+        """What this runner measured, what the re-measurement and its extra rounds cost, and how
+        the cells ended; None when nothing was measured here."""
+        if not self.measured_here:
+            return None
+        line = f"measured {len(self.measured_here)} configurations in {self.search_s:.1f} s"
+        if self.confirmed_here and self.plan.confirm is not None:
+            line += (
+                f"; re-measuring {self.confirmed_here} cells took {self.confirm_s:.1f} s more "
+                f"(+{100 * self.confirm_s / max(self.search_s, 1e-9):.0f}%), "
+                f"{self.extra_rounds_s:.1f} s of it in {self.extra_rounds} rounds beyond the "
+                f"first {self.plan.confirm.min_rounds} of a cell (budget "
+                f"{self.plan.confirm.budget_s:g} s a cell)"
+            )
+        decisions = Counter(
+            verdict_decision(verdict)
+            for result in self.results()
+            if (verdict := result.verdicts.get(self.plan.rank_by)) is not None
+        )
+        if decisions:
+            line += "; cells: " + ", ".join(
+                f"{decisions[name]} {name}"
+                for name in (FASTER, EQUIVALENT, INCONCLUSIVE, ONLY)
+                if decisions[name]
+            )
+        return line
+
+    def busy_warning(self) -> str | None:
+        """One line with the figure when other processes disturbed this runner's timings."""
+        return disturbance.summary(self.windows)
