@@ -52,6 +52,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "what torch uses here; with --pin, the cores each worker gets)",
     )
     parser.add_argument(
+        "--allocator",
+        choices=("fixed", "default", "thp"),
+        help="cpu: the host allocator the measuring process starts with, recorded in every "
+        "cell: fixed (default: glibc's malloc thresholds pinned), default (glibc's own), thp "
+        "(glibc's own and torch's transparent huge pages)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         help="seconds one trial may take, compile included (default: the device's, 300 on "

@@ -105,6 +105,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
         "rank_by": args.rank_by,
         "calls": args.calls,
         "threads": _threads(args),
+        "allocator": args.allocator,
     }
     return planning.make_plan(
         args.op,

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from fusionlab.cell import Cell
+from fusionlab.cell import Cell, device_label
 from fusionlab.devices import Device, get_device, resolve_device
 from fusionlab.errors import UserError
+from fusionlab.measure import allocator
 from fusionlab.measure.profiling import ProfilerSettings
 from fusionlab.measure.rounds import StopRule
 from fusionlab.measure.timing import TimingSettings
@@ -82,12 +83,12 @@ class SweepPlan:
     confirm: Confirm | None = field(default_factory=Confirm)
     plugins: list[str] = field(default_factory=list)
     threads: int = 0  # the CPU's intra-op threads every trial runs with (0: not a CPU sweep)
+    allocator: str = ""  # the CPU's host allocator setting (measure/allocator.py; "": not CPU)
 
     @property
     def device_label(self) -> str:
-        """The hardware, with the thread count where it is part of the cells."""
-        name = self.device.hardware_name()
-        return f"{name} ({self.threads} threads)" if self.threads else name
+        """The hardware, with the thread count and allocator where they are part of the cells."""
+        return device_label(self.device.hardware_name(), self.threads, self.allocator)
 
     @property
     def spec(self) -> OpSpec:
@@ -124,6 +125,7 @@ class SweepPlan:
                         toolchain_id(versions),
                         versions,
                         self.threads,
+                        self.allocator,
                     )
                 )
         return result
@@ -139,6 +141,7 @@ def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
         "variants": plan.variants,
         "plugins": [str(Path(path).resolve()) for path in plan.plugins],
         "threads": plan.threads,
+        "allocator": plan.allocator,
         "trials": plan.trials,
         "exhaustive_limit": plan.exhaustive_limit,
         "timeout_s": plan.timeout_s,
@@ -166,6 +169,7 @@ def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
         rank_by=data["rank_by"],
         calls=data["calls"],
         threads=data.get("threads") or None,
+        allocator=data.get("allocator") or None,
     )
     confirm = data["confirm"]
     if confirm is not None:
@@ -265,6 +269,7 @@ def make_plan(
     _positive("--timeout", options.get("timeout_s"))
     _positive("--calls", options.get("calls"))
     options["threads"] = resolve_threads(target, options.get("threads"))
+    options["allocator"] = resolve_allocator(target, options.get("allocator"))
     if options.get("rank_by", "cold") not in RANK_MODES:
         raise UserError(f"--rank-by must be one of {', '.join(RANK_MODES)}")
     if options.get("timeout_s") is None:
@@ -296,6 +301,15 @@ def resolve_threads(device: Device, threads: int | None) -> int:
     if threads < 1:
         raise UserError(f"--threads must be at least 1 (got {threads})")
     return threads
+
+
+def resolve_allocator(device: Device, name: str | None) -> str:
+    """The host allocator setting a CPU sweep measures with (default `fixed`); "" elsewhere."""
+    if device.type != "cpu":
+        if name is not None:
+            raise UserError(f"--allocator applies to cpu sweeps, not {device.type}")
+        return ""
+    return allocator.check(name or allocator.DEFAULT)
 
 
 def valid_configs(variant: Variant, shape: Shape, device_type: str) -> list[Params]:

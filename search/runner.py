@@ -92,6 +92,9 @@ class Sweep:
         self.measured_here: list[str] = []
         self.search_s = 0.0  # wall time of this runner's measurements of configurations
         self.confirm_s = 0.0  # and of its interleaved re-measurements
+        self.screen_s = 0.0  # and of its brief screening measurements
+        self.screened = 0  # configurations screened here
+        self.screen_saved = 0  # full measurements the screen made unnecessary
         self.confirmed_here = 0
         self.extra_rounds = 0  # rounds beyond the minimum, because a cell was not decided yet
         self.extra_rounds_s = 0.0
@@ -156,7 +159,9 @@ class Sweep:
         modules = sorted(
             {v.factory.__module__ for d in self.plan.dtypes for v in self.plan.cell_variants(d)}
         )
-        with TrialWorker(self.plan.plugins, modules, self.plan.threads) as worker:
+        with TrialWorker(
+            self.plan.plugins, modules, self.plan.threads, self.plan.allocator
+        ) as worker:
             try:
                 pending = list(self._cells)
                 while pending:

@@ -12,6 +12,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Protocol
 
+from fusionlab.measure import allocator
 from fusionlab.records import Status
 
 _READY_TIMEOUT_S = 300.0
@@ -60,11 +61,15 @@ class TrialWorker:
         plugins: list[str] | None = None,
         modules: list[str] | None = None,
         threads: int = 0,
+        allocator: str = "",
     ) -> None:
-        """`threads`: the CPU intra-op threads every task runs with (0: torch's default)."""
+        """`threads`: the CPU intra-op threads every task runs with (0: torch's default);
+        `allocator`: the host allocator setting it starts with (measure/allocator.py; "": the
+        environment's own)."""
         self._plugins = list(plugins or [])
         self._modules = list(modules or [])
         self._threads = threads
+        self._allocator = allocator
         self._context = multiprocessing.get_context("spawn")
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -78,7 +83,11 @@ class TrialWorker:
             args=(child, self._plugins, self._modules, self.log_path, self._threads),
             daemon=True,
         )
-        process.start()
+        if self._allocator:
+            with allocator.applied(self._allocator):  # read by the new process at its start
+                process.start()
+        else:
+            process.start()
         child.close()
         if not parent.poll(_READY_TIMEOUT_S) or parent.recv() != "ready":
             process.kill()
