@@ -77,6 +77,12 @@ def main() -> None:
          - sweep.confirm_s, ""],
     ]
     print(tabulate(rows, headers=["part", "wall s", "what"], floatfmt=".1f"))
+    phases: dict[str, float] = {}
+    for record in records:
+        for name, seconds in record.phases_s.items():
+            phases[name] = phases.get(name, 0.0) + seconds
+    print(tabulate(sorted(phases.items(), key=lambda kv: -kv[1]),
+                   headers=["phase inside the trials", "wall s"], floatfmt=".1f"))
     line = sweep.closing_line()
     if line:
         print(line)

@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--fresh", action="store_true", help="measure again what is already stored")
     sweep.add_argument("--quick", action="store_true", help="a small sweep that ends in seconds")
     sweep.add_argument(
+        "--no-screen",
+        dest="screen",
+        action="store_false",
+        help="measure every configuration in full (default: a brief screen first, and in full "
+        "only what is within 1.5x of the best measured in full in its cell)",
+    )
+    sweep.add_argument(
         "--export", metavar="FILE", help="also write the table (format by extension)"
     )
     sweep.add_argument(

@@ -106,6 +106,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
         "calls": args.calls,
         "threads": _threads(args),
         "allocator": args.allocator,
+        "screen": args.screen,
     }
     return planning.make_plan(
         args.op,

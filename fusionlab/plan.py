@@ -81,6 +81,7 @@ class SweepPlan:
     timing: TimingSettings = field(default_factory=TimingSettings)
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
     confirm: Confirm | None = field(default_factory=Confirm)
+    screen: bool = True  # a brief timing first; in full only what can still win (measure/screen)
     plugins: list[str] = field(default_factory=list)
     threads: int = 0  # the CPU's intra-op threads every trial runs with (0: not a CPU sweep)
     allocator: str = ""  # the CPU's host allocator setting (measure/allocator.py; "": not CPU)
@@ -151,6 +152,7 @@ def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
         "timing": asdict(plan.timing),
         "profiler": asdict(plan.profiler),
         "confirm": None if plan.confirm is None else asdict(plan.confirm),
+        "screen": plan.screen,
     }
 
 
@@ -181,6 +183,7 @@ def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
         timing=TimingSettings(**data["timing"]),
         profiler=ProfilerSettings(**data["profiler"]),
         confirm=confirm,
+        screen=data.get("screen", False),
     )
 
 

@@ -22,6 +22,7 @@ from optuna.storages import BaseStorage
 from fusionlab.cell import Cell
 from fusionlab.measure import disturbance
 from fusionlab.measure.rounds import RoundsTask
+from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
@@ -245,6 +246,7 @@ class Sweep:
         config = cell.space.suggest(claim.trial)
         if config.key != claim.key:
             raise RuntimeError(f"Optuna did not replay the enqueued configuration {claim.key}")
+        screen = self._screen(cell, config.variant)
         task = TrialTask(
             cell=cell.cell,
             variant=config.variant,
@@ -252,10 +254,17 @@ class Sweep:
             seed=self.plan.seed,
             timing=self.plan.timing,
             profiler=self.plan.profiler,
+            screen=screen,
         )
         start = time.perf_counter()
         record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
-        self.search_s += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.screened += screen is not None
+        if record.passed and record.message.startswith("screened out"):
+            self.screen_saved += 1
+            self.screen_s += seconds
+        else:
+            self.search_s += seconds
         if record.disturbance:
             self.windows.append(record.disturbance)
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
@@ -264,6 +273,17 @@ class Sweep:
             done = sum(c.measured() for c in self._cells)
             total = sum(c.budget for c in self._cells)
             self.progress(record, done, max(total, done))
+
+    def _screen(self, cell: _OpenCell, variant: str) -> Screen | None:
+        """The screen a configuration of `variant` must pass before its full measurement: None
+        while the variant has no full measurement in the cell (every variant keeps one) or
+        when the plan does not screen."""
+        if not self.plan.screen:
+            return None
+        full = [r for r in self._result(cell).records if r.passed and r.cold is not None]
+        if not any(r.variant == variant for r in full):
+            return None
+        return bar_for(min(r.latency_ms("warm") or float("inf") for r in full))
 
     def _contenders(self, result: CellResult) -> list[TrialRecord]:
         """The best configuration of every variant within `within` of the fastest (at least
@@ -363,7 +383,13 @@ class Sweep:
         the cells ended; None when nothing was measured here."""
         if not self.measured_here:
             return None
-        line = f"measured {len(self.measured_here)} configurations in {self.search_s:.1f} s"
+        full = len(self.measured_here) - self.screen_saved
+        line = f"measured {full} configurations in {self.search_s:.1f} s"
+        if self.screened:
+            line += (
+                f" (the screen ruled out {self.screen_saved} of {self.screened} screened, "
+                f"{self.screen_s:.1f} s: {self.screen_saved} full measurements saved)"
+            )
         if self.confirmed_here and self.plan.confirm is not None:
             line += (
                 f"; re-measuring {self.confirmed_here} cells took {self.confirm_s:.1f} s more "

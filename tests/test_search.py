@@ -5,6 +5,7 @@ from pathlib import Path
 
 import optuna
 import optuna.distributions as od
+import torch
 
 from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
@@ -64,3 +65,52 @@ def test_enqueued_trials_record_their_params(tmp_path: Path) -> None:
     study = optuna.load_study(study_name=study_name(cell.cell), storage=url)
     measured = [t for t in study.trials if not is_verdict_key(t.user_attrs["config"])]
     assert [t.params for t in measured] == [{"variant": "naive"}]
+
+
+def _repeated(repeat: int):
+    def kernel(x, weight, eps):
+        for _ in range(repeat - 1):
+            torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "test-repeat", devices=("cpu",), tunables={"repeat": (1, 60)})
+def repeat_rmsnorm(device_type: str, repeat: int):
+    """torch.rms_norm computed `repeat` times: the same answer, `repeat` times the work."""
+    return _repeated(repeat)
+
+
+@register_variant("rmsnorm", "test-repeat-slow-first", devices=("cpu",),
+                  tunables={"repeat": (60, 1)})
+def repeat_slow_first(device_type: str, repeat: int):
+    """As test-repeat, with the slow configuration planned first."""
+    return _repeated(repeat)
+
+
+def test_the_screen_measures_in_full_only_what_can_still_win(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'screen.db'}"
+    (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
+                    variants=["builtin", "test-repeat", "test-repeat-slow-first"], timing=FAST)
+    by_variant = {(r.variant, r.params.get("repeat")): r for r in cell.records}
+    # The first configuration of every variant is measured in full, whatever it costs.
+    assert by_variant[("test-repeat", 1)].cold is not None
+    assert by_variant[("test-repeat-slow-first", 60)].cold is not None
+    # 60x the work of the fastest: ruled out by the brief timing, which the record keeps.
+    slow = by_variant[("test-repeat", 60)]
+    assert slow.passed and slow.cold is None and slow.timing is not None
+    assert slow.message.startswith("screened out: brief warm median")
+    # A later configuration that can win is measured in full.
+    fast = by_variant[("test-repeat-slow-first", 1)]
+    assert fast.cold is not None and not fast.message
+    best = cell.best_per_variant("cold")
+    assert best["test-repeat"].params == {"repeat": 1}
+    assert best["test-repeat-slow-first"].params == {"repeat": 1}
+
+
+def test_without_the_screen_every_configuration_is_measured_in_full(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'full.db'}"
+    (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
+                    variants=["builtin", "test-repeat"], timing=FAST, screen=False)
+    assert all(r.cold is not None and not r.message for r in cell.records)

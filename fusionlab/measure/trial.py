@@ -32,6 +32,7 @@ from fusionlab.measure.profiling import (
     key_averages_table,
     profile_calls,
 )
+from fusionlab.measure.screen import Screen
 from fusionlab.measure.timing import TimingSettings, time_calls, timed_once
 from fusionlab.op import OpSpec, Tolerance
 from fusionlab.records import Accuracy, CopyLimits, Status, Timing, TrialRecord
@@ -57,6 +58,7 @@ class TrialTask:
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
     profile_table_rows: int = 0
     trace_dir: str | None = None
+    screen: Screen | None = None  # screen: measured in full only when a brief timing passes
 
     def new_record(self, status: Status, message: str = "") -> TrialRecord:
         """A record for this task with no measurement in it yet."""
@@ -279,6 +281,11 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
         cell, task.variant, task.params, task.seed
     )
     phase.end("inputs, build, first call")
+    if task.screen is not None:  # screen: a brief warm timing; stop here if it cannot win
+        brief = timed_and_checked(m, WARM_SETS, task.screen.timing, cold=False, seed=task.seed)
+        phase.end("screen")
+        if task.screen.rules_out(brief, record):
+            return
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
     watch = disturbance.Watch()  # disturbance: what else ran while this trial was timed
