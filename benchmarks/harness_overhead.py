@@ -3,7 +3,8 @@
 Runs a real sweep into a fresh storage and, per trial, splits its wall time (as the sweep process
 sees it: from asking the worker to the result being stored) into the trial's phases inside the
 worker and the rest (worker round trip, record transfer, storage writes). Harness time = wall -
-(timing loops + setup and first call, where build and compile live). Target: median <= 0.3 s.
+(timing loops, the screen's brief one included, + setup and first call, where build and
+compile live). Target: median <= 0.063 s (before the screen and the busy-machine watch).
 
     python benchmarks/harness_overhead.py [--op rmsnorm] [--quick] [--shapes ...]
 """
@@ -24,7 +25,7 @@ from fusionlab.records import TrialRecord
 from fusionlab.search.runner import Sweep
 from fusionlab.search.storage import open_storage
 
-MEASURING = ("warm timing", "cold timing")
+MEASURING = ("screen", "warm timing", "cold timing")
 
 
 def main() -> None:
@@ -70,7 +71,7 @@ def main() -> None:
     )
     print(
         f"harness time per trial (wall - timing loops - setup and first call): median "
-        f"{statistics.median(harness):.3f} s, max {max(harness):.3f} s (target <= 0.3 s)"
+        f"{statistics.median(harness):.3f} s, max {max(harness):.3f} s (target <= 0.063 s)"
     )
 
 
