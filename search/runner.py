@@ -99,7 +99,8 @@ class Sweep:
         self.confirmed_here = 0
         self.extra_rounds = 0  # rounds beyond the minimum, because a cell was not decided yet
         self.extra_rounds_s = 0.0
-        self.windows: list[dict] = []  # what other processes did during each timed window
+        # (cell label, what other processes did) for each timed window
+        self.windows: list[tuple[str, dict]] = []
         self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
@@ -266,7 +267,7 @@ class Sweep:
         else:
             self.search_s += seconds
         if record.disturbance:
-            self.windows.append(record.disturbance)
+            self.windows.append((cell.cell.label, record.disturbance))
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
@@ -342,7 +343,7 @@ class Sweep:
             self.confirm_s += time.perf_counter() - start
             self.confirmed_here += 1
             outcome, rounds = reply["contenders"], reply["rounds"]
-            self.windows.extend(w for w in rounds["windows"] if w)
+            self.windows.extend((cell.cell.label, w) for w in rounds["windows"] if w)
             self.extra_rounds += max(0, rounds["run"] - confirm.min_rounds)
             if rounds["run"]:
                 share = max(0, rounds["run"] - confirm.min_rounds) / rounds["run"]
@@ -413,4 +414,5 @@ class Sweep:
 
     def busy_warning(self) -> str | None:
         """One line with the figure when other processes disturbed this runner's timings."""
-        return disturbance.summary(self.windows)
+        touched = [label for label, seen in self.windows if seen.get("disturbed")]
+        return disturbance.summary([seen for _, seen in self.windows], touched)

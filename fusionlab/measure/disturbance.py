@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -118,17 +119,19 @@ def mark_busy(note: str, seen: Disturbance | None) -> str:
     return f"{note}; {mark}" if note else mark
 
 
-def summary(seen: list[dict[str, Any]]) -> str | None:
-    """One line for a sweep that saw disturbed windows, with the figure; None when quiet."""
+def summary(seen: list[dict[str, Any]], touched: Sequence[str] = ()) -> str | None:
+    """One line for a sweep that saw disturbed windows, with the figure and the rows they
+    touched; None when quiet."""
     disturbed = [s for s in seen if s.get("disturbed")]
     if not disturbed:
         return None
     share = statistics.median(s["other_share"] for s in seen)
     worst = max(s["other_share"] for s in seen)
     load = max(s["load"] for s in seen)
+    rows = f" (rows: {', '.join(dict.fromkeys(touched))})" if touched else ""
     return (
         f"the machine was busy: other processes used {100 * share:.0f}% of this sweep's cores "
         f"(median over {len(seen)} timed windows, up to {100 * worst:.0f}%; load average up to "
-        f"{load:.1f}); {len(disturbed)} windows were above {100 * BUSY_SHARE:.0f}%: their "
+        f"{load:.1f}); {len(disturbed)} windows were above {100 * BUSY_SHARE:.0f}%{rows}: their "
         "timings are slower and noisier than on a quiet machine"
     )
