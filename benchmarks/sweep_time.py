@@ -8,7 +8,7 @@ process and the worker, less disturbed by other processes than the wall time), a
 screen, full measurement, re-measurement, and inside those the C++ builds and inductor's
 compiles (set-up and first call of the compiled variants), and what other processes used.
 
-    python benchmarks/sweep_time.py [--op rmsnorm] [--shapes ...] [--dtypes ...]
+    python benchmarks/sweep_time.py [--op rmsnorm] [--shapes ...] [--dtypes ...] [--no-screen]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--op", default="rmsnorm")
     parser.add_argument("--shapes")
     parser.add_argument("--dtypes")
+    parser.add_argument("--no-screen", dest="screen", action="store_false")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fusionlab-sweep-time-") as folder:
         root = Path(folder)
@@ -52,7 +53,7 @@ def main() -> None:
         from fusionlab.search.storage import open_storage
 
         records: list[TrialRecord] = []
-        plan = make_plan(args.op, args.shapes, args.dtypes, "cpu")
+        plan = make_plan(args.op, args.shapes, args.dtypes, "cpu", screen=args.screen)
         storage = open_storage(f"sqlite:///{root / 'sweep.db'}")
         sweep = Sweep(plan, storage, lambda record, index, total: records.append(record))
         cpu, start = _cpu_s(), time.perf_counter()
@@ -88,7 +89,8 @@ def main() -> None:
         print(line)
     warning = sweep.busy_warning()
     print(f"warning: {warning}" if warning else "the machine was quiet during the timings")
-    print(f"cold default sweep of {args.op}: wall {wall:.1f} s (target <= 120 s), "
+    screened = "screened" if args.screen else "no screen"
+    print(f"cold sweep of {args.op} ({screened}): wall {wall:.1f} s (target <= 120 s), "
           f"CPU time (user + sys, worker included) {cpu:.1f} s; the screen saved "
           f"{sweep.screen_saved} full measurements")
 
