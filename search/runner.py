@@ -374,7 +374,8 @@ class Sweep:
             if rounds.get("disturbed"):
                 verdict["reason"] += (
                     f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
-                    "other processes and measured again"
+                    f"other processes, each measured again while the budget lasted (stopped: "
+                    f"{rounds['stopped']})"
                 )
             store.write_verdict(cell.study, mode, verdict)
         claim.finish(None)
