@@ -68,7 +68,8 @@ def main() -> None:
     )
     rows = [
         ["screen", sweep.screen_s, f"{sweep.screened} configurations briefly"],
-        ["full measurement", sweep.search_s, f"{len(sweep.measured_here)} configurations"],
+        ["full measurement", sweep.search_s,
+         f"{len(sweep.measured_here) - sweep.screen_saved} configurations"],
         ["re-measurement", sweep.confirm_s,
          f"{sweep.confirmed_here} cells, {sweep.extra_rounds} rounds beyond the minimum "
          f"({sweep.extra_rounds_s:.1f} s)"],
