@@ -28,11 +28,12 @@ Rounds = Sequence[Sequence[float]]
 class StopRule:
     """When a cell's re-measurement stops (as nvbench: decided, or precise enough, or out of time).
 
-    After `min_rounds` quiet rounds (rounds no disturbance hit; a disturbed round is measured
-    again), stop when the cell is decided (no contender is `inconclusive` against the fastest)
-    or every interval is narrower than the threshold (the ratio sits on the threshold: more
-    rounds will not move it off). Never start a round that would end past `budget_s` (judged by
-    the longest round so far), nor more than `max_rounds`. The first round always runs.
+    The first `min_rounds` rounds always run (what every cell got before rounds went on). Then,
+    while fewer than `min_rounds` rounds are quiet (no disturbance hit them: a disturbed round is
+    measured again) or the cell is undecided (a contender is `inconclusive` against the fastest)
+    and not settled (every interval narrower than the threshold: the ratio sits on it, more
+    rounds will not move it off), another round runs, unless it would end past `budget_s`
+    (judged by the longest round so far) or make more than `max_rounds`.
     """
 
     min_rounds: int = 5
@@ -44,22 +45,21 @@ class StopRule:
     ) -> str | None:
         """Why to stop before the next round, or None to measure another."""
         done = len(quiet)
-        if done and elapsed_s + longest_s > self.budget_s:
+        if done < self.min_rounds:
+            return None
+        if sum(quiet) >= self.min_rounds:
+            used = usable(rounds, quiet, self.min_rounds)
+            _, versus, outcome = outcomes(
+                [Contender(label, "", None, samples) for label, samples in used.items()]
+            )
+            if "inconclusive" not in outcome.values():
+                return "decided"
+            if all((high - low) / point < THRESHOLD for point, low, high in versus.values()):
+                return "settled"
+        if elapsed_s + longest_s > self.budget_s:
             return "budget"
         if done >= self.max_rounds:
             return "max rounds"
-        if sum(quiet) < self.min_rounds:
-            return None
-        used = usable(rounds, quiet, self.min_rounds)
-        if len(used) < 2:
-            return "decided"
-        _, versus, outcome = outcomes(
-            [Contender(label, "", None, samples) for label, samples in used.items()]
-        )
-        if "inconclusive" not in outcome.values():
-            return "decided"
-        if all((high - low) / point < THRESHOLD for point, low, high in versus.values()):
-            return "settled"
         return None
 
 
