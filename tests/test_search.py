@@ -1,6 +1,7 @@
 """The Optuna runner on real studies: TPE within a budget for a large space, rejected values
 never measured, duplicates never measured twice, and a second run adds nothing."""
 
+import re
 from pathlib import Path
 
 import optuna
@@ -10,7 +11,10 @@ import torch
 from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 from fusionlab.measure.timing import TimingSettings
+from fusionlab.plan import make_plan
 from fusionlab.search.results_store import is_verdict_key, study_name
+from fusionlab.search.runner import Sweep
+from fusionlab.search.storage import open_storage
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 
@@ -114,3 +118,19 @@ def test_without_the_screen_every_configuration_is_measured_in_full(tmp_path: Pa
     (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
                     variants=["builtin", "test-repeat"], timing=FAST, screen=False)
     assert all(r.cold is not None and not r.message for r in cell.records)
+
+
+def test_the_closing_line_counts_outcomes_and_what_the_rounds_cost(tmp_path: Path) -> None:
+    plan = make_plan("rmsnorm", "64x1024", "float32", "cpu", variants=["naive", "builtin"],
+                     timing=FAST)
+    runner = Sweep(plan, open_storage(f"sqlite:///{tmp_path / 'line.db'}"))
+    (cell,) = runner.run()
+    decision = cell.verdicts["cold"]["decision"]
+    assert decision in {"faster", "equivalent", "inconclusive"}
+    rounds = cell.verdicts["cold"]["rounds"]
+    assert rounds["run"] >= 5 and rounds["stopped"] in {"decided", "settled", "budget"}
+    line = runner.closing_line()
+    assert re.fullmatch(
+        r"measured 2 configurations in [\d.]+ s; re-measuring 1 cells took [\d.]+ s more "
+        r"\(\+\d+%\), [\d.]+ s of it in \d+ rounds beyond the first 5 of a cell \(budget 3 s a "
+        rf"cell\); cells: 1 {decision}", line or ""), line
