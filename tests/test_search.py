@@ -80,14 +80,14 @@ def _repeated(repeat: int):
     return kernel
 
 
-@register_variant("rmsnorm", "test-repeat", devices=("cpu",), tunables={"repeat": (1, 1000)})
+@register_variant("rmsnorm", "test-repeat", devices=("cpu",), tunables={"repeat": (1, 200)})
 def repeat_rmsnorm(device_type: str, repeat: int):
     """torch.rms_norm computed `repeat` times: the same answer, `repeat` times the work."""
     return _repeated(repeat)
 
 
 @register_variant("rmsnorm", "test-repeat-slow-first", devices=("cpu",),
-                  tunables={"repeat": (1000, 1)})
+                  tunables={"repeat": (200, 1)})
 def repeat_slow_first(device_type: str, repeat: int):
     """As test-repeat, with the slow configuration planned first."""
     return _repeated(repeat)
@@ -100,9 +100,9 @@ def test_the_screen_measures_in_full_only_what_can_still_win(tmp_path: Path) -> 
     by_variant = {(r.variant, r.params.get("repeat")): r for r in cell.records}
     # The first configuration of every variant is measured in full, whatever it costs.
     assert by_variant[("test-repeat", 1)].cold is not None
-    assert by_variant[("test-repeat-slow-first", 1000)].cold is not None
-    # 1000x the work of the fastest: ruled out by the brief timing, which the record keeps.
-    slow = by_variant[("test-repeat", 1000)]
+    assert by_variant[("test-repeat-slow-first", 200)].cold is not None
+    # 200x the work of the fastest: ruled out by the brief timing, which the record keeps.
+    slow = by_variant[("test-repeat", 200)]
     assert slow.passed and slow.cold is None and slow.timing is not None
     assert slow.message.startswith("screened out: brief warm median")
     # A later configuration that can win is measured in full.
