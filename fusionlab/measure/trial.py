@@ -282,9 +282,10 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     )
     phase.end("inputs, build, first call")
     if task.screen is not None:  # screen: a brief warm timing; stop here if it cannot win
+        watch = disturbance.Watch()
         brief = timed_and_checked(m, WARM_SETS, task.screen.timing, cold=False, seed=task.seed)
         phase.end("screen")
-        if task.screen.rules_out(brief, record):
+        if task.screen.rules_out(brief, record, watch.stop()):
             return
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
