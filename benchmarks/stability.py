@@ -1,16 +1,19 @@
 """Are the winners stable? The same sweep three times from empty storage, side by side.
 
 Prints, per cell, each run's winner with its runner-up/winner interval and decision, and flags a
-cell that names different winners while some run claims a confident (non-tie) margin: the one
-outcome a trustworthy verdict must never produce. Exit code 1 when any cell is flagged.
+cell where two runs name different winners that each claim `faster`: the one outcome a
+trustworthy verdict must never produce (an `equivalent` or `inconclusive` cell may name another
+variant). Counts the `inconclusive` cells of every run, and its wall and CPU time. With --hog, a
+busy-loop process per core runs beside every sweep. Exit code 1 when any cell is flagged.
 
-    python benchmarks/stability.py [--op rmsnorm] [--runs 3] [-- extra sweep arguments]
+    python benchmarks/stability.py [--op rmsnorm] [--runs 3] [--hog] [-- extra sweep arguments]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -20,10 +23,20 @@ from pathlib import Path
 from tabulate import tabulate
 
 
-def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict], float]:
+def _children_cpu_s() -> float:
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def _hogs(on: bool) -> list[subprocess.Popen]:
+    count = len(os.sched_getaffinity(0)) if on else 0
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict], float, float]:
     url = f"sqlite:///{folder / f'run{index}.db'}"
     out = folder / f"run{index}.json"
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu_s()
     subprocess.run(
         [
             sys.executable,
@@ -44,26 +57,37 @@ def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return json.loads(out.read_text())["rows"], time.perf_counter() - start
+    rows = json.loads(out.read_text())["rows"]
+    return rows, time.perf_counter() - start, _children_cpu_s() - cpu
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--op", default="rmsnorm")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--hog", action="store_true", help="a busy-loop process on every core")
     parser.add_argument("extra", nargs="*", help="more `fusionlab sweep` arguments, after --")
     args = parser.parse_args()
-    runs = []
-    with tempfile.TemporaryDirectory() as name:
-        for index in range(args.runs):
-            rows, seconds = _run(args.op, Path(name), index, args.extra)
-            runs.append(rows)
-            print(f"run {index + 1}: {seconds:.1f} s", file=sys.stderr)
+    runs, summary = [], []
+    hogs = _hogs(args.hog)
+    try:
+        with tempfile.TemporaryDirectory() as name:
+            for index in range(args.runs):
+                rows, seconds, cpu = _run(args.op, Path(name), index, args.extra)
+                runs.append(rows)
+                unsure = sum(row.get("decision") == "inconclusive" for row in rows)
+                summary.append(f"run {index + 1}: wall {seconds:.1f} s, CPU {cpu:.1f} s, "
+                               f"{unsure} of {len(rows)} cells inconclusive")
+                print(summary[-1], file=sys.stderr)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     table, flagged = [], 0
     for cells in zip(*runs, strict=True):
         winners = {row["fastest"] for row in cells}
-        confident = any(row.get("decision") == "confident" for row in cells)
-        bad = len(winners) > 1 and confident
+        claimed = {row["fastest"] for row in cells if row.get("decision") == "faster"}
+        bad = len(claimed) > 1
         flagged += bad
         table.append(
             [
@@ -73,12 +97,13 @@ def main() -> int:
                     f"{r['fastest']} {r.get('ratio') or ''} {r.get('decision') or ''}"
                     for r in cells
                 ),
-                "CONTRADICTION" if bad else ("same" if len(winners) == 1 else "differs, all ties"),
+                "CONTRADICTION" if bad else ("same" if len(winners) == 1 else "differs, unclaimed"),
             ]
         )
     headers = ["shape", "dtype", *(f"run {i + 1}" for i in range(args.runs)), "verdict"]
     print(tabulate(table, headers=headers, tablefmt="simple"))
-    print(f"{flagged} of {len(table)} cells name different winners with a confident margin")
+    print("\n".join(summary) + (" (with a busy-loop process on every core)" if args.hog else ""))
+    print(f"{flagged} of {len(table)} cells name two different winners that each claim `faster`")
     return 1 if flagged else 0
 
 

@@ -13,10 +13,17 @@ from fusionlab.op import Shape
 from fusionlab.shapes import format_shape
 
 
+def device_label(device_name: str, threads: int, allocator: str) -> str:
+    """`name (N threads), malloc SETTING`, each part where it applies."""
+    label = f"{device_name} ({threads} threads)" if threads else device_name
+    return f"{label}, malloc {allocator}" if allocator else label
+
+
 @dataclass(frozen=True)
 class Cell:
     """(op, device, hardware, toolchain, shape, dtype) and, on the CPU, the thread count the
-    op ran with (0 elsewhere: a GPU or NeuronCore kernel does not depend on host threads)."""
+    op ran with (0 elsewhere: a GPU or NeuronCore kernel does not depend on host threads) and
+    the host allocator setting (measure/allocator.py; "" elsewhere or when not recorded)."""
 
     op: str
     device: str
@@ -26,6 +33,7 @@ class Cell:
     toolchain_id: str = ""
     toolchain: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     threads: int = 0
+    allocator: str = ""
 
     @property
     def label(self) -> str:
@@ -33,8 +41,8 @@ class Cell:
 
     @property
     def device_label(self) -> str:
-        """The hardware, with the thread count where it is part of the cell."""
-        return f"{self.device_name} ({self.threads} threads)" if self.threads else self.device_name
+        """The hardware, with the thread count and allocator where they are part of the cell."""
+        return device_label(self.device_name, self.threads, self.allocator)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -52,4 +60,5 @@ class Cell:
             toolchain_id=data.get("toolchain_id", ""),
             toolchain=dict(data.get("toolchain", {})),
             threads=int(data.get("threads", 0)),
+            allocator=data.get("allocator", ""),
         )

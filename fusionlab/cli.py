@@ -63,6 +63,13 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "what torch uses here; with --pin, the cores each worker gets)",
     )
     parser.add_argument(
+        "--allocator",
+        choices=("fixed", "default", "thp"),
+        help="cpu: the host allocator the measuring process starts with, recorded in every "
+        "cell: fixed (default: glibc's malloc thresholds pinned), default (glibc's own), thp "
+        "(glibc's own and torch's transparent huge pages)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         help="seconds one trial may take, compile included (default: the device's, 300 on "
@@ -119,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
     sweep.add_argument("--fresh", action="store_true", help="measure again what is already stored")
     sweep.add_argument("--quick", action="store_true", help="a small sweep that ends in seconds")
+    sweep.add_argument(
+        "--no-screen",
+        dest="screen",
+        action="store_false",
+        help="measure every configuration in full (default: a brief screen first, and in full "
+        "only what is within 1.5x of the best measured in full in its cell)",
+    )
     sweep.add_argument(
         "--export", metavar="FILE", help="also write the table (format by extension)"
     )

@@ -33,11 +33,13 @@ from fusionlab.shapes import format_shape
 from fusionlab.toolchain import describe_difference
 
 RANKING_NOTE = (
-    "ranked by the {mode} median ({why}); contenders within 10% were re-measured in 5 "
-    "interleaved rounds: runner-up/winner with a 95% bootstrap interval, a tie when the interval "
-    "reaches 1.03, ties go to the simpler lowering (builtin, baseline, compiled, custom), then "
-    "the lower first-use cost. % copy = achieved GB/s over this device's copy bandwidth at the "
-    "same size, measured in this run (fresh output with allocation / into an existing buffer)."
+    "ranked by the {mode} median ({why}); contenders within 10% were re-measured in interleaved "
+    "rounds (at least 5, more while undecided, 3 s a cell): runner-up/winner with a 95% bootstrap "
+    "interval; faster: above 1.03, equivalent: inside [0.97, 1.03], inconclusive: neither (the "
+    "better point estimate is named); equivalent ones go to the simpler lowering (builtin, "
+    "baseline, compiled, custom), then the lower first-use cost. % copy = achieved GB/s over "
+    "this device's copy bandwidth at the same size, measured in this run (fresh output with "
+    "allocation / into an existing buffer)."
 )
 _WHY = {
     "cold": "inputs rotated past the last-level cache, as an op meets them inside a model",
@@ -131,6 +133,8 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
         "rank_by": args.rank_by,
         "calls": args.calls,
         "threads": _threads(args),
+        "allocator": args.allocator,
+        "screen": args.screen,
     }
     return planning.make_plan(
         args.op,
@@ -197,16 +201,14 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def _say_time_split(runner: Sweep) -> None:
-    """What the re-measurement added: its wall time over the search's."""
-    if not runner.measured_here or not runner.confirmed_here:
-        return
-    share = 100 * runner.confirm_s / runner.search_s  # > 0: something was measured here
-    say(
-        f"measured {len(runner.measured_here)} configurations in {runner.search_s:.1f} s; "
-        f"re-measuring {runner.confirmed_here} cells took {runner.confirm_s:.1f} s more "
-        f"(+{share:.0f}%), of which the audit of every contender {runner.audit_s:.1f} s "
-        f"(+{100 * runner.audit_s / runner.search_s:.0f}% of the search)"
-    )
+    """What the search and the re-measurement cost, how the cells ended, and one warning when
+    other processes disturbed the timings."""
+    line = runner.closing_line()
+    if line:
+        say(line)
+    warning = runner.busy_warning()
+    if warning:
+        say(f"warning: {warning}")
 
 
 def _wait_for_workers(workers: list[subprocess.Popen]) -> bool:

@@ -13,10 +13,12 @@ from typing import Any
 import optuna.distributions as od
 import torch
 
-from fusionlab.cell import Cell
+from fusionlab.cell import Cell, device_label
 from fusionlab.devices import Device, get_device, resolve_device
 from fusionlab.errors import UserError
+from fusionlab.measure import allocator
 from fusionlab.measure.profiling import ProfilerSettings
+from fusionlab.measure.rounds import StopRule
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.op import OpSpec, Shape
 from fusionlab.records import RANK_MODES
@@ -43,9 +45,12 @@ _HELD_OUTPUTS = 8
 
 @dataclass(frozen=True)
 class Confirm:
-    """How a cell's contenders are re-measured after the search (see report/verdict.py)."""
+    """How a cell's contenders are re-measured after the search (see report/verdict.py): in
+    interleaved rounds until the cell is decided or its budget is spent (measure/rounds.py)."""
 
-    rounds: int = 5
+    min_rounds: int = 5
+    max_rounds: int = 30
+    budget_s: float = 3.0  # wall time of one cell's rounds
     within: float = 0.10  # contenders: every variant's best within this of the fastest
     min_contenders: int = 2
     timing: TimingSettings = field(
@@ -53,6 +58,10 @@ class Confirm:
             warmup_s=0.01, budget_s=0.04, min_samples=5, max_samples=25, checked_calls=1
         )
     )
+
+    @property
+    def rule(self) -> StopRule:
+        return StopRule(self.min_rounds, self.max_rounds, self.budget_s)
 
 
 @dataclass(frozen=True)
@@ -74,14 +83,15 @@ class SweepPlan:
     timing: TimingSettings = field(default_factory=TimingSettings)
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
     confirm: Confirm | None = field(default_factory=Confirm)
+    screen: bool = True  # a brief timing first; in full only what can still win (measure/screen)
     plugins: list[str] = field(default_factory=list)
     threads: int = 0  # the CPU's intra-op threads every trial runs with (0: not a CPU sweep)
+    allocator: str = ""  # the CPU's host allocator setting (measure/allocator.py; "": not CPU)
 
     @property
     def device_label(self) -> str:
-        """The hardware, with the thread count where it is part of the cells."""
-        name = self.device.hardware_name()
-        return f"{name} ({self.threads} threads)" if self.threads else name
+        """The hardware, with the thread count and allocator where they are part of the cells."""
+        return device_label(self.device.hardware_name(), self.threads, self.allocator)
 
     @property
     def spec(self) -> OpSpec:
@@ -118,6 +128,7 @@ class SweepPlan:
                         toolchain_id(versions),
                         versions,
                         self.threads,
+                        self.allocator,
                     )
                 )
         return result
@@ -133,6 +144,7 @@ def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
         "variants": plan.variants,
         "plugins": [str(Path(path).resolve()) for path in plan.plugins],
         "threads": plan.threads,
+        "allocator": plan.allocator,
         "trials": plan.trials,
         "exhaustive_limit": plan.exhaustive_limit,
         "timeout_s": plan.timeout_s,
@@ -142,6 +154,7 @@ def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
         "timing": asdict(plan.timing),
         "profiler": asdict(plan.profiler),
         "confirm": None if plan.confirm is None else asdict(plan.confirm),
+        "screen": plan.screen,
     }
 
 
@@ -160,16 +173,19 @@ def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
         rank_by=data["rank_by"],
         calls=data["calls"],
         threads=data.get("threads") or None,
+        allocator=data.get("allocator") or None,
     )
     confirm = data["confirm"]
     if confirm is not None:
-        confirm = Confirm(**{**confirm, "timing": TimingSettings(**confirm["timing"])})
+        known = {name: value for name, value in confirm.items() if name in Confirm.__annotations__}
+        confirm = Confirm(**{**known, "timing": TimingSettings(**confirm["timing"])})
     return replace(
         plan,
         exhaustive_limit=data["exhaustive_limit"],
         timing=TimingSettings(**data["timing"]),
         profiler=ProfilerSettings(**data["profiler"]),
         confirm=confirm,
+        screen=data.get("screen", False),
     )
 
 
@@ -276,6 +292,7 @@ def make_plan(
     check_seed(options.get("seed", 0))
     _positive("--calls", options.get("calls"))
     options["threads"] = resolve_threads(target, options.get("threads"))
+    options["allocator"] = resolve_allocator(target, options.get("allocator"))
     if options.get("rank_by", "cold") not in RANK_MODES:
         raise UserError(f"--rank-by must be one of {', '.join(RANK_MODES)}")
     if options.get("timeout_s") is None:
@@ -307,6 +324,15 @@ def resolve_threads(device: Device, threads: int | None) -> int:
     if threads < 1:
         raise UserError(f"--threads must be at least 1 (got {threads})")
     return threads
+
+
+def resolve_allocator(device: Device, name: str | None) -> str:
+    """The host allocator setting a CPU sweep measures with (default `fixed`); "" elsewhere."""
+    if device.type != "cpu":
+        if name is not None:
+            raise UserError(f"--allocator applies to cpu sweeps, not {device.type}")
+        return ""
+    return allocator.check(name or allocator.DEFAULT)
 
 
 def valid_configs(variant: Variant, shape: Shape, device_type: str) -> list[Params]:

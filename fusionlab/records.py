@@ -140,6 +140,9 @@ class TrialRecord:
     # Inductor's FX graph cache in this trial: misses are real compiles, hits were found in the
     # on-disk cache that every worker of a host shares.
     compiles: dict[str, int] = field(default_factory=dict)
+    # What other processes did while this trial was timed (measure/disturbance.py); empty where
+    # unreadable.
+    disturbance: dict[str, Any] = field(default_factory=dict)
     profile_table: str = ""
     trace_file: str = ""
 

@@ -29,12 +29,16 @@ from fusionlab.toolchain import describe_difference
 
 @dataclass(frozen=True)
 class Choice:
-    """What a key dispatches to (`exact`, `nearest`, or `fallback`), and why when it falls back."""
+    """What a key dispatches to (`exact`, `nearest`, or `fallback`), and why when it falls back.
+
+    decision: how sure the sweep was of the winner (`faster`, `equivalent`, `inconclusive`, ...;
+    see report/verdict.py); empty for a fallback."""
 
     variant: str
     params: dict[str, Any]
     match: str
     reason: str = ""
+    decision: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class _Entry:
     variant: str
     params: dict[str, Any]
     toolchain: dict[str, str]
+    decision: str = ""
 
 
 class Dispatcher:
@@ -79,6 +84,7 @@ class Dispatcher:
                             winner.record.variant,
                             dict(winner.record.params),
                             cell.cell.toolchain,
+                            winner.decision,
                         ),
                     )
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
@@ -125,6 +131,7 @@ class Dispatcher:
                         variant,
                         dict(params),
                         dict(row.get("toolchain") or {}),
+                        row.get("decision") or "",
                     ),
                 )
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
@@ -165,7 +172,7 @@ class Dispatcher:
                 )
             match, entry = "nearest", by_shape[nearest]
         self._check_toolchain(entry, device_type)
-        return Choice(entry.variant, dict(entry.params), match)
+        return Choice(entry.variant, dict(entry.params), match, decision=entry.decision)
 
     def _fallback_reason(self, device_name: str, threads: int, dtype_name: str) -> str:
         """Why nothing matched; a thread-count mismatch is said once as a warning too."""

@@ -12,6 +12,7 @@ import json
 import os
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,13 +20,15 @@ import optuna
 from optuna.storages import BaseStorage
 
 from fusionlab.cell import Cell
-from fusionlab.measure.rounds import RoundsTask
+from fusionlab.measure import disturbance
+from fusionlab.measure.rounds import RoundsTask, StopRule
+from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
-from fusionlab.report.verdict import Contender, decide
-from fusionlab.report.winners import first_use_by_variant
+from fusionlab.report.verdict import EQUIVALENT, FASTER, INCONCLUSIVE, ONLY, Contender, decide
+from fusionlab.report.winners import first_use_by_variant, verdict_decision
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
 from fusionlab.search.results_store import CellResult
@@ -97,7 +100,14 @@ class Sweep:
         self.search_s = 0.0  # wall time of this runner's measurements of configurations
         self.confirm_s = 0.0  # and of its interleaved re-measurements
         self.audit_s = 0.0  # the part of confirm_s spent auditing contenders (issue 15)
+        self.screen_s = 0.0  # and of its brief screening measurements
+        self.screened = 0  # configurations screened here
+        self.screen_saved = 0  # full measurements the screen made unnecessary
         self.confirmed_here = 0
+        self.extra_rounds = 0  # rounds beyond the minimum, because a cell was not decided yet
+        self.extra_rounds_s = 0.0
+        # (cell label, what other processes did) for each timed window
+        self.windows: list[tuple[str, dict]] = []
         self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
@@ -159,7 +169,9 @@ class Sweep:
         modules = sorted(
             {v.factory.__module__ for d in self.plan.dtypes for v in self.plan.cell_variants(d)}
         )
-        with TrialWorker(self.plan.plugins, modules, self.plan.threads) as worker:
+        with TrialWorker(
+            self.plan.plugins, modules, self.plan.threads, self.plan.allocator
+        ) as worker:
             try:
                 pending = list(self._cells)
                 while pending:
@@ -250,6 +262,7 @@ class Sweep:
         config = cell.space.suggest(claim.trial)
         if config.key != claim.key:
             raise RuntimeError(f"Optuna did not replay the enqueued configuration {claim.key}")
+        screen = self._screen(cell, config.variant)
         task = TrialTask(
             cell=cell.cell,
             variant=config.variant,
@@ -257,15 +270,35 @@ class Sweep:
             seed=self.plan.seed,
             timing=self.plan.timing,
             profiler=self.plan.profiler,
+            screen=screen,
         )
         self.starting(cell.cell, config.variant, dict(task.params))
         start = time.perf_counter()
         record = TrialRecord.from_dict(worker.run(task, self.plan.timeout_s))
-        self.search_s += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.screened += screen is not None
+        if record.passed and record.message.startswith("screened out"):
+            self.screen_saved += 1
+            self.screen_s += seconds
+        else:
+            self.search_s += seconds
+        if record.disturbance:
+            self.windows.append((cell.cell.label, record.disturbance))
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
             self.progress(record, *self.planned())
+
+    def _screen(self, cell: _OpenCell, variant: str) -> Screen | None:
+        """The screen a configuration of `variant` must pass before its full measurement: None
+        while the variant has no full measurement in the cell (every variant keeps one) or
+        when the plan does not screen."""
+        if not self.plan.screen:
+            return None
+        full = [r for r in self._result(cell).records if r.passed and r.cold is not None]
+        if not any(r.variant == variant for r in full):
+            return None
+        return bar_for(min(r.latency_ms("warm") or float("inf") for r in full))
 
     def _contenders(self, result: CellResult) -> list[TrialRecord]:
         """The best configuration of every variant within `within` of the fastest (at least
@@ -295,7 +328,8 @@ class Sweep:
         return store.verdict_key(self.plan.rank_by, labels)
 
     def _confirm(self, cell: _OpenCell, claim: claims.Claim, worker: TrialWorker) -> None:
-        """Re-measure the contenders in interleaved rounds; store the verdict with its interval."""
+        """Re-measure the contenders in interleaved rounds until the data decides or the cell's
+        budget is spent; store the verdict with its interval and how the rounds went."""
         confirm, mode = self.plan.confirm, self.plan.rank_by
         assert confirm is not None
         result = self._result(cell)
@@ -304,11 +338,13 @@ class Sweep:
         if store.verdict_key(mode, labels) != claim.key:  # the contenders changed meanwhile
             claim.finish(None)
             return
+        # A lone contender gets no rounds, but its audit all the same (issue 15).
+        rule = confirm.rule if len(chosen) > 1 else StopRule(min_rounds=0, max_rounds=0)
         task = RoundsTask(
             cell=cell.cell,
             contenders=[(r.config_label(), r.variant, dict(r.params)) for r in chosen],
             mode=mode,
-            rounds=confirm.rounds if len(chosen) > 1 else 0,
+            rule=rule,
             seed=self.plan.seed,
             timing=confirm.timing,
             decided_ms={r.config_label(): r.latency_ms(mode) or 0.0 for r in chosen},
@@ -316,31 +352,82 @@ class Sweep:
         self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
         self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
         start = time.perf_counter()
-        outcome = worker.run(task, self.plan.timeout_s * max(len(chosen), 1))
+        reply = worker.run(task, self.plan.timeout_s * len(chosen) + confirm.budget_s)
         self.confirm_s += time.perf_counter() - start
-        self.audit_s += sum(entry.get("audit_s", 0.0) for entry in outcome.values())
         self.confirmed_here += 1
+        outcome, rounds = reply["contenders"], reply["rounds"]
+        self.audit_s += sum(entry.get("audit_s", 0.0) for entry in outcome.values())
+        self.windows.extend((cell.cell.label, w) for w in rounds["windows"] if w)
+        self.extra_rounds += max(0, rounds["run"] - rule.min_rounds)
+        if rounds["run"]:
+            share = max(0, rounds["run"] - rule.min_rounds) / rounds["run"]
+            self.extra_rounds_s += share * rounds["elapsed_s"]
         variants = cell.space.variants
         first_use = first_use_by_variant(result)
         contenders = []
         for record in chosen:
-            entry = outcome[record.config_label()]
-            if entry["status"] != Status.PASSED.value or (task.rounds and not entry["rounds"]):
+            entry = outcome.get(record.config_label(), {"status": Status.PASSED.value})
+            if entry["status"] != Status.PASSED.value or (rounds["run"] and not entry["rounds"]):
                 self.notice(
                     f"  {record.config_label()} dropped: {entry['status']}: {entry['message']}"
                 )
                 continue
-            rounds = entry["rounds"] or [record.timing_for(mode).samples_ms]  # type: ignore[union-attr]
+            samples = record.timing_for(mode).samples_ms  # type: ignore[union-attr]
             contenders.append(
                 Contender(
                     name=record.config_label(),
                     kind=variants[record.variant].kind,
                     first_use_ms=first_use.get(record.variant),
-                    rounds=rounds,
+                    rounds=entry.get("rounds") or [samples],
                 )
             )
         if contenders:
             verdict = decide(contenders).to_dict()
             verdict["contenders"] = labels
+            verdict["rounds"] = {k: v for k, v in rounds.items() if k != "windows"}
+            if rounds.get("disturbed"):
+                verdict["reason"] += (
+                    f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
+                    f"other processes, each measured again while the budget lasted (stopped: "
+                    f"{rounds['stopped']})"
+                )
             store.write_verdict(cell.study, mode, verdict)
         claim.finish(None)
+
+    def closing_line(self) -> str | None:
+        """What this runner measured, what the re-measurement and its extra rounds cost, and how
+        the cells ended; None when nothing was measured here."""
+        if not self.measured_here:
+            return None
+        full = len(self.measured_here) - self.screen_saved
+        line = f"measured {full} configurations in {self.search_s:.1f} s"
+        if self.screened:
+            line += (
+                f" (the screen ruled out {self.screen_saved} of {self.screened} screened, "
+                f"{self.screen_s:.1f} s: {self.screen_saved} full measurements saved)"
+            )
+        if self.confirmed_here and self.plan.confirm is not None:
+            line += (
+                f"; re-measuring {self.confirmed_here} cells took {self.confirm_s:.1f} s more "
+                f"(+{100 * self.confirm_s / max(self.search_s, 1e-9):.0f}%), "
+                f"{self.extra_rounds_s:.1f} s of it in {self.extra_rounds} rounds beyond the "
+                f"first {self.plan.confirm.min_rounds} of a cell (budget "
+                f"{self.plan.confirm.budget_s:g} s a cell)"
+            )
+        decisions = Counter(
+            verdict_decision(verdict)
+            for result in self.results()
+            if (verdict := result.verdicts.get(self.plan.rank_by)) is not None
+        )
+        if decisions:
+            line += "; cells: " + ", ".join(
+                f"{decisions[name]} {name}"
+                for name in (FASTER, EQUIVALENT, INCONCLUSIVE, ONLY)
+                if decisions[name]
+            )
+        return line
+
+    def busy_warning(self) -> str | None:
+        """One line with the figure when other processes disturbed this runner's timings."""
+        touched = [label for label, seen in self.windows if seen.get("disturbed")]
+        return disturbance.summary([seen for _, seen in self.windows], touched)

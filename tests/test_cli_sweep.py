@@ -53,11 +53,15 @@ def test_misbehaving_variants_are_recorded_and_never_win(swept) -> None:
     assert all(row["failed"] == "3/5 (1 crashed, 1 incorrect, 1 timeout)" for row in rows)
     for row in rows:  # every row shows its share of the device's own copy limit
         assert float(row["% fresh copy"]) > 0 and float(row["% in-place copy"]) > 0
-        assert row["decision"] in {"tie", "confident"} and "[" in row["runner-up/winner [95% CI]"]
+        assert row["decision"] in {"faster", "equivalent", "inconclusive"}
+        assert "[" in row["runner-up/winner [95% CI]"]
     assert "SIGABRT" in output and "TIMEOUT" in output and "INCORRECT" in output
     # What the re-measurement added to the search, for both cells, in wall time.
     assert re.search(r"measured 10 configurations in [\d.]+ s; re-measuring 2 cells took "
                      r"[\d.]+ s more \(\+\d+%\)", output), output
+    # How the cells ended, and what rounds beyond the minimum cost.
+    assert re.search(r"[\d.]+ s of it in \d+ rounds beyond the first 5 of a cell \(budget 3 s "
+                     r"a cell\); cells: \d+ (faster|equivalent|inconclusive)", output), output
 
 
 def test_rerun_resumes_without_measuring(swept) -> None:

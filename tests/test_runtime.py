@@ -21,9 +21,12 @@ def test_dispatcher_uses_the_stored_winner(tmp_path: Path) -> None:
     dispatch = Dispatcher("rmsnorm", storage=url)
     spec = get_op("rmsnorm")
     winners = {cell.cell.shape: cell_winner(cell).record.variant for cell in cells}
+    decisions = {cell.cell.shape: cell_winner(cell).decision for cell in cells}
 
     exact = dispatch.choose((4, 64), torch.float32, "cpu")
     assert (exact.variant, exact.match) == (winners[(4, 64)], "exact")
+    assert exact.decision == decisions[(4, 64)]
+    assert exact.decision in {"faster", "equivalent", "inconclusive"}
     nearest = dispatch.choose((2, 40, 64), torch.float32, "cpu")
     assert (nearest.variant, nearest.match) == (winners[(64, 64)], "nearest")
     assert dispatch.choose((4, 128), torch.float32, "cpu").match == "fallback"

@@ -1,15 +1,20 @@
 """The Optuna runner on real studies: TPE within a budget for a large space, rejected values
 never measured, duplicates never measured twice, and a second run adds nothing."""
 
+import re
 from pathlib import Path
 
 import optuna
 import optuna.distributions as od
+import torch
 
 from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 from fusionlab.measure.timing import TimingSettings
+from fusionlab.plan import make_plan
 from fusionlab.search.results_store import is_verdict_key, study_name
+from fusionlab.search.runner import Sweep
+from fusionlab.search.storage import open_storage
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 
@@ -64,3 +69,68 @@ def test_enqueued_trials_record_their_params(tmp_path: Path) -> None:
     study = optuna.load_study(study_name=study_name(cell.cell), storage=url)
     measured = [t for t in study.trials if not is_verdict_key(t.user_attrs["config"])]
     assert [t.params for t in measured] == [{"variant": "naive"}]
+
+
+def _repeated(repeat: int):
+    def kernel(x, weight, eps):
+        for _ in range(repeat - 1):
+            torch.rms_norm(x, (x.shape[-1],), weight, eps)
+        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "test-repeat", devices=("cpu",), tunables={"repeat": (1, 200)})
+def repeat_rmsnorm(device_type: str, repeat: int):
+    """torch.rms_norm computed `repeat` times: the same answer, `repeat` times the work."""
+    return _repeated(repeat)
+
+
+@register_variant("rmsnorm", "test-repeat-slow-first", devices=("cpu",),
+                  tunables={"repeat": (200, 1)})
+def repeat_slow_first(device_type: str, repeat: int):
+    """As test-repeat, with the slow configuration planned first."""
+    return _repeated(repeat)
+
+
+def test_the_screen_measures_in_full_only_what_can_still_win(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'screen.db'}"
+    (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
+                    variants=["builtin", "test-repeat", "test-repeat-slow-first"], timing=FAST)
+    by_variant = {(r.variant, r.params.get("repeat")): r for r in cell.records}
+    # The first configuration of every variant is measured in full, whatever it costs.
+    assert by_variant[("test-repeat", 1)].cold is not None
+    assert by_variant[("test-repeat-slow-first", 200)].cold is not None
+    # 200x the work of the fastest: ruled out by the brief timing, which the record keeps.
+    slow = by_variant[("test-repeat", 200)]
+    assert slow.passed and slow.cold is None and slow.timing is not None
+    assert slow.message.startswith("screened out: brief warm median")
+    # A later configuration that can win is measured in full.
+    fast = by_variant[("test-repeat-slow-first", 1)]
+    assert fast.cold is not None and not fast.message
+    best = cell.best_per_variant("cold")
+    assert best["test-repeat"].params == {"repeat": 1}
+    assert best["test-repeat-slow-first"].params == {"repeat": 1}
+
+
+def test_without_the_screen_every_configuration_is_measured_in_full(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'full.db'}"
+    (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
+                    variants=["builtin", "test-repeat"], timing=FAST, screen=False)
+    assert all(r.cold is not None and not r.message for r in cell.records)
+
+
+def test_the_closing_line_counts_outcomes_and_what_the_rounds_cost(tmp_path: Path) -> None:
+    plan = make_plan("rmsnorm", "64x1024", "float32", "cpu", variants=["naive", "builtin"],
+                     timing=FAST)
+    runner = Sweep(plan, open_storage(f"sqlite:///{tmp_path / 'line.db'}"))
+    (cell,) = runner.run()
+    decision = cell.verdicts["cold"]["decision"]
+    assert decision in {"faster", "equivalent", "inconclusive"}
+    rounds = cell.verdicts["cold"]["rounds"]
+    assert rounds["run"] >= 5 and rounds["stopped"] in {"decided", "settled", "budget"}
+    line = runner.closing_line()
+    assert re.fullmatch(
+        r"measured 2 configurations in [\d.]+ s; re-measuring 1 cells took [\d.]+ s more "
+        r"\(\+\d+%\), [\d.]+ s of it in \d+ rounds beyond the first 5 of a cell \(budget 3 s a "
+        rf"cell\); cells: 1 {decision}", line or ""), line

@@ -8,12 +8,12 @@ import random
 import pytest
 
 from fusionlab.report.verdict import (
-    TIE_THRESHOLD,
+    THRESHOLD,
     Contender,
     Verdict,
     break_even_calls,
+    classify,
     decide,
-    ranked_by_cost,
 )
 
 ROUNDS, SAMPLES = 5, 20
@@ -38,62 +38,85 @@ def _contender(
     return Contender(name, kind, first_use_ms, rounds)
 
 
-def test_clearly_different_is_not_a_tie_and_interval_holds_the_true_ratio() -> None:
+def test_clearly_faster_and_interval_holds_the_true_ratio() -> None:
     verdict = decide([
         _contender("compiled", "compiled", 1.10, 0.01, seed=1),
         _contender("cpp", "custom", 1.00, 0.01, seed=2),
     ])
     assert verdict.ranking == ["cpp", "compiled"]
-    assert (verdict.winner, verdict.runner_up, verdict.tie) == ("cpp", "compiled", False)
-    assert verdict.ci_low > 1 + TIE_THRESHOLD
+    assert (verdict.winner, verdict.runner_up, verdict.decision) == ("cpp", "compiled", "faster")
+    assert verdict.ci_low > 1 + THRESHOLD
     assert verdict.ci_low <= 1.10 <= verdict.ci_high
     assert verdict.reason.startswith("cpp 1.10x [")
     assert verdict.reason.endswith("faster than compiled")
 
 
-def test_identical_distributions_tie_and_the_simpler_kind_wins() -> None:
+def test_identical_distributions_are_equivalent_and_the_simpler_kind_wins() -> None:
     verdict = decide([
-        _contender("cpp", "custom", 1.0, 0.03, seed=3),
-        _contender("builtin", "builtin", 1.0, 0.03, seed=4),
+        _contender("cpp", "custom", 1.0, 0.01, seed=3),
+        _contender("builtin", "builtin", 1.0, 0.01, seed=4),
     ])
-    assert verdict.tie
-    assert set(verdict.tie_group) == {"cpp", "builtin"}
+    assert verdict.decision == "equivalent"
+    assert set(verdict.equivalent_group) == {"cpp", "builtin"}
     assert verdict.winner == "builtin"
-    assert verdict.ci_low < 1 + TIE_THRESHOLD
+    assert verdict.ci_low >= 1 / (1 + THRESHOLD) and verdict.ci_high <= 1 + THRESHOLD
     assert "builtin preferred as the simpler lowering" in verdict.reason
-    assert verdict.reason.startswith("tie with cpp (")
+    assert verdict.reason.startswith("equivalent to cpp (")
+
+
+def test_too_noisy_to_tell_is_inconclusive_and_names_the_better_point_estimate() -> None:
+    # 10% apart with 40% noise per sample and 5 rounds: the interval spans 1.03 and 1/1.03.
+    verdict = decide([
+        _contender("builtin", "builtin", 1.1, 0.4, seed=40),
+        _contender("cpp", "custom", 1.0, 0.4, seed=41),
+    ])
+    assert verdict.decision == "inconclusive"
+    assert verdict.ci_low < 1 + THRESHOLD < verdict.ci_high
+    assert verdict.winner == verdict.ranking[0]  # the better point estimate, not the simpler
+    assert verdict.reason.startswith(f"inconclusive against {verdict.runner_up} (")
+    assert f"{verdict.winner} taken as the better point estimate" in verdict.reason
+
+
+def test_interval_classification_at_the_edges() -> None:
+    bar = 1 + THRESHOLD
+    assert classify(bar + 0.001, 2.0) == "faster"
+    assert classify(1 / bar, bar) == "equivalent"
+    assert classify(0.99, 1.01) == "equivalent"
+    assert classify(0.99, bar + 0.001) == "inconclusive"  # may be 3% slower: not shown equivalent
+    assert classify(1 / bar - 0.001, 1.01) == "inconclusive"
+    assert classify(0.37, 3.85) == "inconclusive"  # the 'tie' that could not tell
 
 
 def test_same_kind_tie_is_broken_by_first_use_cost() -> None:
     verdict = decide([
-        _contender("cpp-a", "custom", 1.0, 0.03, seed=5, first_use_ms=900.0),
-        _contender("cpp-b", "custom", 1.0, 0.03, seed=6, first_use_ms=2.0),
+        _contender("cpp-a", "custom", 1.0, 0.01, seed=5, first_use_ms=900.0),
+        _contender("cpp-b", "custom", 1.0, 0.01, seed=6, first_use_ms=2.0),
     ])
-    assert verdict.tie
+    assert verdict.decision == "equivalent"
     assert verdict.winner == "cpp-b"
     assert "lower first-use cost" in verdict.reason
 
 
-def test_two_percent_apart_is_a_tie() -> None:
+def test_one_percent_apart_is_equivalent() -> None:
     verdict = decide([
-        _contender("cpp", "custom", 1.00, 0.01, seed=7),
-        _contender("compiled", "compiled", 1.02, 0.01, seed=8),
+        _contender("cpp", "custom", 1.00, 0.005, seed=7),
+        _contender("compiled", "compiled", 1.01, 0.005, seed=8),
     ])
-    assert verdict.tie
-    assert verdict.ci_low < 1 + TIE_THRESHOLD
+    assert verdict.decision == "equivalent"
+    assert verdict.ci_high < 1 + THRESHOLD
     assert verdict.winner == "compiled"  # simpler than custom, and within the threshold
     assert verdict.runner_up == "cpp"
-    assert verdict.ratio == pytest.approx(1.02, abs=0.01)
+    assert verdict.ratio == pytest.approx(1.01, abs=0.01)
 
 
-def test_noisy_but_twenty_percent_apart_is_not_a_tie() -> None:
+def test_noisy_but_twenty_percent_apart_is_faster() -> None:
     verdict = decide([
         _contender("builtin", "builtin", 1.2, 0.15, seed=9),
         _contender("cpp", "custom", 1.0, 0.15, seed=10),
     ])
-    assert not verdict.tie
+    assert verdict.decision == "faster"
     assert verdict.winner == "cpp"
-    assert verdict.ci_low > 1 + TIE_THRESHOLD
+    assert verdict.ci_low > 1 + THRESHOLD
     assert verdict.ci_low <= 1.2 <= verdict.ci_high
 
 
@@ -112,38 +135,40 @@ def test_drift_shared_by_a_round_does_not_change_the_ranking() -> None:
         _contender("cpp", "custom", 1.00, 0.01, seed=14, drift=drift),
     ])
     assert verdict.ranking == ["cpp", "compiled"]
-    assert not verdict.tie  # pairing by round cancels the drift in the ratio
+    assert verdict.decision == "faster"  # pairing by round cancels the drift in the ratio
     assert verdict.ci_low <= 1.08 <= verdict.ci_high
     assert verdict.ci_high - verdict.ci_low < 0.05
 
 
-def test_tie_group_among_three_holds_only_those_within_the_threshold() -> None:
+def test_equivalent_group_among_three_holds_only_those_within_the_threshold() -> None:
     verdict = decide([
-        _contender("cpp", "custom", 1.00, 0.01, seed=15, first_use_ms=50.0),
-        _contender("compiled", "compiled", 1.01, 0.01, seed=16, first_use_ms=3000.0),
-        _contender("builtin", "builtin", 1.25, 0.01, seed=17),
+        _contender("cpp", "custom", 1.00, 0.005, seed=15, first_use_ms=50.0),
+        _contender("compiled", "compiled", 1.01, 0.005, seed=16, first_use_ms=3000.0),
+        _contender("builtin", "builtin", 1.25, 0.005, seed=17),
     ])
     assert verdict.ranking == ["cpp", "compiled", "builtin"]
-    assert set(verdict.tie_group) == {"cpp", "compiled"}
+    assert verdict.decision == "equivalent"
+    assert set(verdict.equivalent_group) == {"cpp", "compiled"}
     assert verdict.winner == "compiled"
-    assert verdict.versus_fastest["builtin"][1] > 1 + TIE_THRESHOLD
+    assert verdict.versus_fastest["builtin"][1] > 1 + THRESHOLD
 
 
-def test_runner_up_is_the_tied_contender_not_the_untied_second() -> None:
+def test_runner_up_is_the_inconclusive_contender_not_the_clearly_slower_second() -> None:
     verdict = decide([
         _contender("builtin", "builtin", 1.00, 0.005, seed=26),
         _contender("cpp", "custom", 1.06, 0.005, seed=27),  # second fastest, clearly slower
         _contender("compiled", "compiled", 1.15, 0.40, seed=29),  # too noisy to rule out
     ])
     assert verdict.ranking[:2] == ["builtin", "cpp"]
-    assert set(verdict.tie_group) == {"builtin", "compiled"}
+    assert verdict.decision == "inconclusive"
+    assert verdict.equivalent_group == ["builtin"]
     assert (verdict.winner, verdict.runner_up) == ("builtin", "compiled")
-    assert verdict.reason.startswith("tie with compiled (")
+    assert verdict.reason.startswith("inconclusive against compiled (")
 
 
 def test_single_contender_wins_alone() -> None:
     verdict = decide([_contender("cpp", "custom", 1.0, 0.01, seed=18)])
-    assert (verdict.winner, verdict.runner_up, verdict.tie) == ("cpp", None, False)
+    assert (verdict.winner, verdict.runner_up, verdict.decision) == ("cpp", None, "only contender")
 
 
 def test_unpaired_rounds_are_refused() -> None:
@@ -169,32 +194,14 @@ def test_break_even_calls() -> None:
     assert break_even_calls(10.0, 1.0, 5.0, 1.0) is None
 
 
-def test_cost_ranking_flips_with_the_number_of_calls() -> None:
-    compiled = _contender("compiled", "compiled", 1.0, 0.01, seed=22, first_use_ms=2000.0)
-    builtin = _contender("builtin", "builtin", 1.5, 0.01, seed=23, first_use_ms=1.0)
-    few = ranked_by_cost([compiled, builtin], calls=10)
-    many = ranked_by_cost([compiled, builtin], calls=100_000)
-    assert [name for name, _ in few] == ["builtin", "compiled"]
-    assert [name for name, _ in many] == ["compiled", "builtin"]
-    assert few[0][1] == pytest.approx(1.0 + 10 * 1.5, rel=0.02)
-
-
-def test_unknown_first_use_ranks_last_by_cost() -> None:
-    unknown = _contender("cpp", "custom", 0.5, 0.01, seed=24, first_use_ms=None)
-    known = _contender("builtin", "builtin", 1.0, 0.01, seed=25)
-    assert ranked_by_cost([unknown, known], calls=10) == [
-        ("builtin", pytest.approx(11.0, rel=0.02)), ("cpp", None)
-    ]
-
-
 def test_latency_is_the_median_of_the_round_medians_worked_by_hand() -> None:
     # Round medians, odd and even sample counts: 2.0, 3.5, 5.0, 2.0, 6.0 -> their median 3.5.
     rounds = [[9.0, 1.0, 2.0], [1.0, 8.0, 3.0, 4.0], [5.0], [2.0, 2.0], [6.0]]
     verdict = decide([Contender("only", "custom", 1.0, rounds)])
     assert verdict.latency_ms == {"only": 3.5}
     assert (verdict.ranking, verdict.winner, verdict.runner_up) == (["only"], "only", None)
-    assert verdict.tie_group == ["only"]
-    assert verdict.reason == "only contender" and not verdict.tie
+    assert verdict.equivalent_group == ["only"]
+    assert verdict.decision == "only contender"
     slower = Contender("slower", "custom", 1.0, [[3 * v for v in r] for r in rounds])
     pair = decide([slower, Contender("only", "custom", 1.0, rounds)])
     assert pair.latency_ms == {"only": 3.5, "slower": 10.5}
@@ -206,7 +213,7 @@ def test_a_tie_goes_to_the_contender_whose_first_use_is_known() -> None:
         _contender("unknown", "custom", 1.0, 0.03, seed=43, first_use_ms=None),
         _contender("known", "custom", 1.0, 0.03, seed=44, first_use_ms=500.0),
     ])
-    assert verdict.tie and verdict.winner == "known"
+    assert verdict.decision == "equivalent" and verdict.winner == "known"
 
 
 def test_contenders_without_samples_are_refused() -> None:
@@ -222,7 +229,7 @@ def test_an_unknown_kind_ranks_after_every_known_one_in_a_tie() -> None:
         _contender("mystery", "hand-rolled", 1.0, 0.03, seed=41),
         _contender("cpp", "custom", 1.0, 0.03, seed=42),
     ])
-    assert verdict.tie and verdict.winner == "cpp"
+    assert verdict.decision == "equivalent" and verdict.winner == "cpp"
 
 
 def test_break_even_divides_the_first_use_gap_by_the_latency_gap() -> None:

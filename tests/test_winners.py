@@ -35,12 +35,26 @@ def test_stored_verdict_decides_over_the_raw_fastest() -> None:
     cell = CellResult(cpu_cell("rmsnorm", (4, 64)),
                       [_record("compiled", 0.0100, 900.0), _record("builtin", 0.0101, 0.2)])
     cell.verdicts["cold"] = {"winner": "builtin", "runner_up": "compiled", "ratio": 1.01,
-                             "ci_low": 0.99, "ci_high": 1.03, "tie": True,
-                             "reason": "tie with compiled: builtin preferred"}
+                             "ci_low": 0.99, "ci_high": 1.03, "decision": "equivalent",
+                             "reason": "equivalent to compiled: builtin preferred"}
     assert cell_winner(cell).record.variant == "builtin"
     row = best_row(cell)
-    assert row["fastest"] == "builtin" and row["decision"] == "tie"
+    assert row["fastest"] == "builtin" and row["decision"] == "equivalent"
     assert row["ratio"] == "1.01x [0.99, 1.03]"
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "decision"),
+    [(0.99, 1.03, "equivalent"), (0.37, 3.85, "inconclusive"), (1.5, 2.0, "faster")],
+)
+def test_a_verdict_stored_as_a_tie_is_classified_from_its_interval(
+    low: float, high: float, decision: str
+) -> None:
+    cell = CellResult(cpu_cell("rmsnorm", (4, 64)),
+                      [_record("compiled", 0.0100, 900.0), _record("builtin", 0.0101, 0.2)])
+    cell.verdicts["cold"] = {"winner": "builtin", "runner_up": "compiled", "ratio": 1.01,
+                             "ci_low": low, "ci_high": high, "tie": low < 1.03, "reason": "old"}
+    assert best_row(cell)["decision"] == decision
 
 
 def test_in_place_winner_is_kept_from_callers_that_keep_their_inputs() -> None:

@@ -1,30 +1,85 @@
-"""Re-measuring a cell's contenders in interleaved rounds, so drift hits all of them alike.
+"""Re-measuring a cell's contenders in interleaved rounds until the data decides.
 
 Every round times every contender once, in an order rotated by the round, with the same gated
-timing loop as a trial. Runs in the worker process."""
+timing loop as a trial, and watches what else ran meanwhile (measure/disturbance.py). Rounds go
+on while the cell is `inconclusive` (report/verdict.py) and its time budget lasts (`StopRule`).
+Runs in the worker process."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusionlab.cell import Cell
+from fusionlab.measure import disturbance
 from fusionlab.measure.audit import audit_contenders
 from fusionlab.measure.correctness import GateFailure
 from fusionlab.measure.inputs import WARM_SETS
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import Measured, build_and_gate, describe, timed_and_checked
-from fusionlab.records import Status
+from fusionlab.records import Status, Timing
+from fusionlab.report.verdict import THRESHOLD, Contender, outcomes
+
+Rounds = Sequence[Sequence[float]]
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a cell's re-measurement stops (as nvbench: decided, or precise enough, or out of time).
+
+    The first `min_rounds` rounds always run (what every cell got before rounds went on). Then,
+    while fewer than `min_rounds` rounds are quiet (no disturbance hit them: a disturbed round is
+    measured again) or the cell is undecided (a contender is `inconclusive` against the fastest)
+    and not settled (every interval narrower than the threshold: the ratio sits on it, more
+    rounds will not move it off), another round runs, unless it would end past `budget_s`
+    (judged by the longest round so far) or make more than `max_rounds`.
+    """
+
+    min_rounds: int = 5
+    max_rounds: int = 30
+    budget_s: float = 3.0
+
+    def stop(
+        self, rounds: dict[str, Rounds], quiet: list[bool], elapsed_s: float, longest_s: float
+    ) -> str | None:
+        """Why to stop before the next round, or None to measure another."""
+        done = len(quiet)
+        if done < self.min_rounds:
+            return None
+        if sum(quiet) >= self.min_rounds:
+            used = usable(rounds, quiet, self.min_rounds)
+            _, versus, outcome = outcomes(
+                [Contender(label, "", None, samples) for label, samples in used.items()]
+            )
+            if "inconclusive" not in outcome.values():
+                return "decided"
+            if all((high - low) / point < THRESHOLD for point, low, high in versus.values()):
+                return "settled"
+        if elapsed_s + longest_s > self.budget_s:
+            return "budget"
+        if done >= self.max_rounds:
+            return "max rounds"
+        return None
+
+
+def usable(rounds: dict[str, Rounds], quiet: list[bool], min_rounds: int) -> dict[str, Rounds]:
+    """The rounds a verdict uses: the quiet ones when there are `min_rounds` of them, else all."""
+    if sum(quiet) < min_rounds:
+        return rounds
+    return {label: [r for r, ok in zip(samples, quiet, strict=True) if ok]
+            for label, samples in rounds.items()}
 
 
 @dataclass(frozen=True)
 class RoundsTask:
-    """Contenders of one cell as (label, variant, params), timed in `rounds` interleaved rounds."""
+    """Contenders of one cell as (label, variant, params), timed in interleaved rounds."""
 
     cell: Cell
     contenders: list[tuple[str, str, dict[str, Any]]]
     mode: str
-    rounds: int
+    rule: StopRule = field(default_factory=StopRule)
     seed: int = 0
     timing: TimingSettings = field(default_factory=TimingSettings)
     decided_ms: dict[str, float] = field(default_factory=dict)  # search latency, by label
@@ -34,13 +89,24 @@ class RoundsTask:
 
     def failed(self, status: Status, message: str) -> dict[str, Any]:
         return {
-            label: {"status": status.value, "message": message, "rounds": []}
-            for label, _, _ in self.contenders
+            "contenders": {
+                label: {"status": status.value, "message": message, "rounds": []}
+                for label, _, _ in self.contenders
+            },
+            "rounds": {"run": 0, "disturbed": 0, "stopped": status.value, "elapsed_s": 0.0,
+                       "windows": []},
         }
 
 
+def _timed(task: RoundsTask, measured: Measured, count: int) -> Timing:
+    """One contender's timing in one round: the gated timing loop of a trial."""
+    cold = task.mode == "cold"
+    return timed_and_checked(measured, count, task.timing, cold)
+
+
 def run_rounds(task: RoundsTask) -> dict[str, Any]:
-    """Per contender: its status, and the samples of every round it was timed in."""
+    """Per contender its status and the samples of the rounds a verdict uses; and the rounds:
+    how many ran, how many a disturbance hit, why they stopped, their wall time."""
     results: dict[str, dict[str, Any]] = {}
     built: dict[str, tuple[Measured, int]] = {}
     for label, variant, params in task.contenders:
@@ -56,19 +122,47 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
         except Exception as error:
             results[label].update(status=Status.RUNTIME_ERROR.value, message=describe(error))
     order = list(built)
-    for round_index in range(task.rounds):
-        shift = round_index % max(len(order), 1)
+    quiet: list[bool] = []
+    windows: list[dict[str, Any]] = []
+    start, longest, stopped = time.perf_counter(), 0.0, "no contender passed"
+    while order:
+        passing = [label for label in order if results[label]["status"] == Status.PASSED.value]
+        current = {label: results[label]["rounds"] for label in passing}
+        elapsed = time.perf_counter() - start
+        reason = task.rule.stop(current, quiet, elapsed, longest) if passing else "all failed"
+        if reason is not None:
+            stopped = reason
+            break
+        round_index = len(quiet)
+        shift = round_index % len(order)
+        watch, began = disturbance.Watch(), time.perf_counter()
         for label in order[shift:] + order[:shift]:
             if results[label]["status"] != Status.PASSED.value:
                 continue
             measured, count = built[label]
             try:
-                cold = task.mode == "cold"
-                timing = timed_and_checked(measured, count, task.timing, cold)
+                timing = _timed(task, measured, count)
             except GateFailure as failure:
                 results[label].update(status=failure.status.value, message=str(failure))
                 continue
             results[label]["rounds"].append(timing.samples_ms)
+        longest = max(longest, time.perf_counter() - began)
+        seen = watch.stop()
+        windows.append(seen.to_dict() if seen is not None else {})
+        quiet.append(seen is None or not seen.disturbed)
+    for entry in results.values():
+        if entry["status"] == Status.PASSED.value and len(entry["rounds"]) == len(quiet):
+            chosen = usable({"": entry["rounds"]}, quiet, task.rule.min_rounds)
+            entry["rounds"] = chosen[""]
     # The gate on the rounds and the audit of every contender: one place (issue 15).
     audit_contenders(built, results, task.mode, task.timing, task.decided_ms)
-    return results
+    return {
+        "contenders": results,
+        "rounds": {
+            "run": len(quiet),
+            "disturbed": quiet.count(False),
+            "stopped": stopped,
+            "elapsed_s": time.perf_counter() - start,
+            "windows": windows,
+        },
+    }

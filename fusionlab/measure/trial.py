@@ -12,6 +12,7 @@ import torch
 
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device
+from fusionlab.measure import disturbance
 from fusionlab.measure.correctness import (
     GateFailure,
     check_memory,
@@ -31,6 +32,7 @@ from fusionlab.measure.profiling import (
     operator_input_elements,
     profile_calls,
 )
+from fusionlab.measure.screen import Screen
 from fusionlab.measure.timing import TimingSettings, draw, now_s, time_calls, timed_once
 from fusionlab.op import OpSpec, Tolerance
 from fusionlab.records import Accuracy, CopyLimits, Fusion, Status, Timing, TrialRecord
@@ -54,6 +56,7 @@ class TrialTask:
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
     profile_table_rows: int = 0
     trace_dir: str | None = None
+    screen: Screen | None = None  # screen: measured in full only when a brief timing passes
 
     def new_record(self, status: Status, message: str = "") -> TrialRecord:
         """A record for this task with no measurement in it yet."""
@@ -273,9 +276,11 @@ def copy_limit(
     measure anew and keep the better figure: noise only ever slows a copy)."""
     known = _LIMITS.get(device.type, dtype, nbytes, cold)
     if known is None or again:
+        watch = disturbance.Watch()  # disturbance: a limit measured while busy is marked
         fresh = measure_copy_limits(
             device.type, dtype, nbytes, device.synchronize, cold, device.cache_bytes()
         )
+        fresh.note = disturbance.mark_busy(fresh.note, watch.stop())
         if known is None or fresh.limit_gbps > known.limit_gbps:
             _LIMITS.put(fresh)
     return _LIMITS.get(device.type, dtype, nbytes, cold) or known  # type: ignore[return-value]
@@ -300,28 +305,44 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
         cell, task.variant, task.params, task.seed
     )
     phase.end("inputs, build, first call")
+    if task.screen is not None:  # screen: a brief warm timing; stop here if it cannot win
+        watch = disturbance.Watch()
+        brief = timed_and_checked(m, WARM_SETS, task.screen.timing, cold=False)
+        phase.end("screen")
+        if task.screen.rules_out(brief, record, watch.stop()):
+            return
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
+    watch = disturbance.Watch()  # disturbance: what else ran while this trial was timed
     record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False)
     phase.end("warm timing")
     cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
     if cold_count > WARM_SETS or m.device.event_device_types:
         record.cold = timed_and_checked(m, cold_count, task.timing, cold=True)
     phase.end("cold timing")
+    seen = watch.stop()  # disturbance: recorded; the sweep warns once and marks the rows
+    record.disturbance = seen.to_dict() if seen is not None else {}
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
     check_follows_new_values(m)
     latencies = {mode: record.latency_ms(mode) or 0.0 for mode in ("warm", "cold")}
-    record.limits = check_bandwidth(m, record.bytes_moved, latencies)
+    not_judged: list[str] = []
+    record.limits = check_bandwidth(m, record.bytes_moved, latencies, not_judged)
+    if not_judged:
+        record.message = "; ".join(not_judged)
     phase.end("gate checks, copy limits")
     _profile(task, record, m)
     phase.end("profiler pass")
 
 
 def check_bandwidth(
-    m: Measured, bytes_moved: int, latencies_ms: dict[str, float]
+    m: Measured,
+    bytes_moved: int,
+    latencies_ms: dict[str, float],
+    notes: list[str] | None = None,
 ) -> dict[str, CopyLimits]:
     """No latency (ms per call, by rank mode) may move the op's bytes faster than this device
-    copies them (limits.SLACK); returns the copy limits each mode was judged against."""
+    copies them (limits.SLACK); returns the copy limits each mode was judged against. A limit
+    measured while the machine was busy judges nothing: `notes` gets why instead."""
     dtype = m.like.dtype
     x_bytes = m.like.numel() * m.like.element_size()
     limits = {}
@@ -336,6 +357,11 @@ def check_bandwidth(
             if reason is None:
                 break
         limits[mode] = limit
+        if reason and disturbance.BUSY_NOTE in limit.note:
+            # disturbance: a copy limit measured on a busy machine is no yardstick; say so instead
+            if notes is not None:
+                notes.append(f"{mode} not judged: {reason}; that limit was {limit.note}")
+            reason = None
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
     return limits

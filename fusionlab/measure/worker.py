@@ -12,6 +12,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Protocol
 
+from fusionlab.measure import allocator
 from fusionlab.records import Status
 
 _READY_TIMEOUT_S = 300.0
@@ -72,11 +73,15 @@ class TrialWorker:
         plugins: list[str] | None = None,
         modules: list[str] | None = None,
         threads: int = 0,
+        allocator: str = "",
     ) -> None:
-        """`threads`: the CPU intra-op threads every task runs with (0: torch's default)."""
+        """`threads`: the CPU intra-op threads every task runs with (0: torch's default);
+        `allocator`: the host allocator setting it starts with (measure/allocator.py; "": the
+        environment's own)."""
         self._plugins = list(plugins or [])
         self._modules = list(modules or [])
         self._threads = threads
+        self._allocator = allocator
         self._context = multiprocessing.get_context("spawn")
         self._process: BaseProcess | None = None
         self._conn: Connection | None = None
@@ -94,7 +99,8 @@ class TrialWorker:
         # not even during its interpreter's start-up (which would die of it with a traceback).
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            process.start()
+            with allocator.applied(self._allocator):  # read by the new process at its start
+                process.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()

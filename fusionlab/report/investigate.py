@@ -51,7 +51,7 @@ def _run(
         raise UserError(f"no variant of {args.op} runs {plan.dtypes[0]} on {plan.device.type}")
     (cell,) = cells  # one shape, one dtype
     records = []
-    with TrialWorker(args.plugin, threads=plan.threads) as worker:
+    with TrialWorker(args.plugin, threads=plan.threads, allocator=plan.allocator) as worker:
         for name, params in configs:
             task = TrialTask(
                 cell=cell,
@@ -212,6 +212,7 @@ def _plan(args: argparse.Namespace, variants: str | None) -> planning.SweepPlan:
         timeout_s=args.timeout,
         seed=args.seed,
         threads=args.threads,
+        allocator=args.allocator,
     )
 
 

@@ -132,13 +132,13 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
         row["ratio"] = (
             f"{verdict['ratio']:.2f}x [{verdict['ci_low']:.2f}, {verdict['ci_high']:.2f}]"
         )
-        row["decision"] = "tie" if verdict["tie"] else "confident"
         row["reason"] = verdict["reason"]
     elif winner.runner_up is not None:
         runner_ms = winner.runner_up.latency_ms(mode)
         if runner_ms:
             row["ratio"] = f"{runner_ms / timing.median_ms:.2f}x (not re-measured)"
-        row["decision"] = "by cost" if calls is not None else "not re-measured"
+    if winner.runner_up is not None or winner.verdict is not None:
+        row["decision"] = winner.decision
     if best.fusion is not None:
         row.update(
             ops_per_call=best.fusion.device_ops,

@@ -1,4 +1,5 @@
-"""A cell's winner from interleaved re-measurement rounds: a bootstrap interval and a tie rule.
+"""A cell's verdict from interleaved re-measurement rounds: `faster`, `equivalent` or
+`inconclusive`, with a bootstrap interval.
 
 Each contender is measured in R rounds; round r measures every contender once (rotated order), so
 drift over the run (clock, thermals, other processes) hits all contenders alike in that round.
@@ -10,9 +11,14 @@ The round is therefore the unit of replication:
   indices with replacement, the SAME indices for every contender (so a slow round is slow for
   both sides of the ratio), and a within-round resampled median for each drawn round; percentile
   interval, fixed seed, so the same data always gives the same interval;
-* tie: the interval's lower bound is below 1 + TIE_THRESHOLD, i.e. the data cannot rule out that
-  the slower one is within 3% of the fastest; the tie is then broken by the declared preference:
-  the simpler kind of lowering, then the lower first-use cost, then the faster median.
+* each contender against the fastest is `faster` (the fastest is faster: the interval lies above
+  1 + THRESHOLD), `equivalent` (the interval lies inside [1/(1 + THRESHOLD), 1 + THRESHOLD]: the
+  two one-sided tests both reject a gap larger than THRESHOLD) or `inconclusive` (neither: the
+  data cannot tell);
+* the cell: `faster` when every other contender is, `inconclusive` when any is, else `equivalent`.
+  The winner is the fastest point estimate unless a contender equivalent to it is preferred: the
+  simpler kind of lowering, then the lower first-use cost, then the faster median. An
+  inconclusive cell still names that winner (the better point estimate) and says why it is not sure.
 
 Within-round medians are drawn from a per-(contender, round) bank of BANK bootstrap medians,
 built once, so the outer loop stays pure Python and fast (< 50 ms for 3 x 5 x 20 samples).
@@ -26,9 +32,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-TIE_THRESHOLD = 0.03
-"""Ratios whose interval reaches below 1.03 count as a tie: smaller gaps are not worth a
-more complex lowering, and run-to-run drift on shared machines is of that order."""
+THRESHOLD = 0.03
+"""Gaps under 3% are not worth a more complex lowering, and run-to-run drift on shared machines
+is of that order: a ratio shown inside [1/1.03, 1.03] is `equivalent`, above 1.03 `faster`."""
+
+FASTER, EQUIVALENT, INCONCLUSIVE = "faster", "equivalent", "inconclusive"
+ONLY = "only contender"
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -36,7 +45,7 @@ SEED = 0
 BANK = 128
 
 KIND_ORDER: tuple[str, ...] = ("builtin", "baseline", "compiled", "custom")
-"""Preference among tied contenders, simplest lowering first; unknown kinds rank last."""
+"""Preference among equivalent contenders, simplest lowering first; unknown kinds rank last."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +62,11 @@ class Contender:
 class Verdict:
     """The decided winner of a cell, with the interval and the reason; plain data throughout.
 
-    runner_up: in a tie, the fastest tied contender other than the winner; else the second fastest.
-    `ratio` / `ci_low` / `ci_high` compare that pair as slower / fastest: runner_up / winner when
-    the winner is the fastest; winner / runner_up when a tie made a slower contender the winner
-    (runner_up is then the fastest).
+    decision: `faster`, `equivalent`, `inconclusive` (see the module docstring) or
+    `only contender`. runner_up: the contender the decision is about: an equivalent one the
+    preference passed over, else the inconclusive one closest to the fastest, else the second
+    fastest. `ratio` / `ci_low` / `ci_high`: the runner-up over the fastest (the winner over
+    the fastest when the runner-up is the fastest).
     """
 
     ranking: list[str]
@@ -66,12 +76,12 @@ class Verdict:
     ratio: float | None
     ci_low: float | None
     ci_high: float | None
-    tie: bool
-    tie_group: list[str]
+    decision: str
+    equivalent_group: list[str]
     reason: str
     versus_fastest: dict[str, list[float]] = field(default_factory=dict)
     confidence: float = CONFIDENCE
-    threshold: float = TIE_THRESHOLD
+    threshold: float = THRESHOLD
     resamples: int = RESAMPLES
     seed: int = SEED
 
@@ -81,6 +91,24 @@ class Verdict:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
         return cls(**data)
+
+
+def classify(low: float, high: float, threshold: float = THRESHOLD) -> str:
+    """The outcome of an interval of slower / fastest (see the module docstring)."""
+    if low > 1 + threshold:
+        return FASTER
+    if low >= 1 / (1 + threshold) and high <= 1 + threshold:
+        return EQUIVALENT
+    return INCONCLUSIVE
+
+
+def cell_decision(outcomes: Sequence[str]) -> str:
+    """The cell's outcome from each other contender's against the fastest."""
+    if not outcomes:
+        return ONLY
+    if INCONCLUSIVE in outcomes:
+        return INCONCLUSIVE
+    return EQUIVALENT if EQUIVALENT in outcomes else FASTER
 
 
 def _median(values: Sequence[float]) -> float:
@@ -173,44 +201,59 @@ def _fmt(ratio: float, low: float, high: float) -> str:
     return f"{ratio:.2f}x [{low:.2f}, {high:.2f}]"
 
 
-def decide(contenders: Sequence[Contender]) -> Verdict:
-    """Rank by latency, bootstrap each ratio to the fastest, and break ties by preference."""
+def outcomes(contenders: Sequence[Contender]) -> tuple[list[int], dict[str, list[float]],
+                                                        dict[str, str]]:
+    """Indices fastest first, each other contender's [ratio, low, high] to the fastest, and its
+    outcome against the fastest."""
     rounds = _validate(contenders)
+    latency = [_latency(c) for c in contenders]
+    order = sorted(range(len(contenders)), key=lambda i: latency[i])
+    if len(contenders) == 1:
+        return order, {}, {}
+    versus = _intervals(contenders, order[0], rounds)
+    return order, versus, {name: classify(low, high) for name, (_, low, high) in versus.items()}
+
+
+def settled(contenders: Sequence[Contender]) -> bool:
+    """Whether more rounds are not needed: no contender is inconclusive against the fastest."""
+    return INCONCLUSIVE not in outcomes(contenders)[2].values()
+
+
+def decide(contenders: Sequence[Contender]) -> Verdict:
+    """Rank by latency, bootstrap each ratio to the fastest, classify, and pick the winner."""
+    order, versus, outcome = outcomes(contenders)
     latency = {c.name: _latency(c) for c in contenders}
-    order = sorted(range(len(contenders)), key=lambda i: latency[contenders[i].name])
     ranking = [contenders[i].name for i in order]
     fastest = contenders[order[0]]
     if len(contenders) == 1:
-        return Verdict(ranking, latency, fastest.name, None, None, None, None, False,
+        return Verdict(ranking, latency, fastest.name, None, None, None, None, ONLY,
                        [fastest.name], "only contender")
-    versus = _intervals(contenders, order[0], rounds)
-    bar = 1 + TIE_THRESHOLD
-    tied = [fastest] + [contenders[i] for i in order[1:] if versus[contenders[i].name][1] < bar]
-    winner = min(tied, key=lambda c: _preference(c, latency[c.name]))
-    partners = [c for c in tied if c is not winner]
-    # The runner-up is the contender the reason names: the one the winner tied with, else the
-    # second fastest.
-    runner_up = partners[0] if partners else contenders[order[1]]
-    slower = runner_up if winner is fastest else winner
-    ratio, low, high = versus[slower.name]
-    if len(tied) == 1:
-        reason = f"{winner.name} {_fmt(ratio, low, high)} faster than {runner_up.name}"
+    others = [contenders[i] for i in order[1:]]
+    group = [fastest] + [c for c in others if outcome[c.name] == EQUIVALENT]
+    winner = min(group, key=lambda c: _preference(c, latency[c.name]))
+    decision = cell_decision(list(outcome.values()))
+    unsure = [c for c in others if outcome[c.name] == INCONCLUSIVE]
+    partners = [c for c in group if c is not winner]
+    if decision == INCONCLUSIVE:
+        runner_up = unsure[0]
+    elif partners:
+        runner_up = partners[0]
     else:
-        reason = (f"tie with {runner_up.name} ({_fmt(ratio, low, high)} < {bar:.2f}): "
-                  f"{_why(winner, runner_up, latency)}")
-    return Verdict(ranking, latency, winner.name, runner_up.name, ratio, low, high,
-                   len(tied) > 1, [c.name for c in tied], reason, versus)
-
-
-def ranked_by_cost(contenders: Sequence[Contender], calls: int) -> list[tuple[str, float | None]]:
-    """(name, first use + calls x latency in ms), cheapest first; unknown first use ranks last."""
-    totals = []
-    for contender in contenders:
-        latency = _latency(contender)
-        total = None if contender.first_use_ms is None else contender.first_use_ms + calls * latency
-        totals.append((contender.name, total, latency))
-    totals.sort(key=lambda t: (t[1] is None, t[1] if t[1] is not None else t[2]))
-    return [(name, total) for name, total, _ in totals]
+        runner_up = others[0]
+    slower = winner if runner_up is fastest else runner_up
+    ratio, low, high = versus[slower.name]
+    bar = 1 + THRESHOLD
+    if decision == FASTER:
+        reason = f"{winner.name} {_fmt(ratio, low, high)} faster than {runner_up.name}"
+    elif decision == EQUIVALENT:
+        reason = (f"equivalent to {runner_up.name} ({_fmt(ratio, low, high)} inside "
+                  f"[{1 / bar:.2f}, {bar:.2f}]): {_why(winner, runner_up, latency)}")
+    else:
+        reason = (f"inconclusive against {runner_up.name} ({_fmt(ratio, low, high)} is neither "
+                  f"above {bar:.2f} nor inside [{1 / bar:.2f}, {bar:.2f}]): {winner.name} taken "
+                  "as the better point estimate; more rounds or a quieter machine would decide")
+    return Verdict(ranking, latency, winner.name, runner_up.name, ratio, low, high, decision,
+                   [c.name for c in group], reason, versus)
 
 
 def break_even_calls(

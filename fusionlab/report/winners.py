@@ -1,8 +1,9 @@
 """A cell's winner, decided one way for tables, exports and the Dispatcher.
 
-The stored verdict (contenders re-measured in interleaved rounds, a bootstrap interval, ties
-broken by a declared preference) decides; a cell measured without re-measurement falls back to
-the fastest median. With `calls`, the cost of first use counts: first use + calls x latency.
+The stored verdict (contenders re-measured in interleaved rounds, a bootstrap interval, `faster`,
+`equivalent` or `inconclusive`, equivalent contenders by a declared preference) decides; a cell
+measured without re-measurement falls back to the fastest median. With `calls`, the cost of first
+use counts: first use + calls x latency.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 from fusionlab.records import TrialRecord
 from fusionlab.registry import variants_of
-from fusionlab.report.verdict import break_even_calls
+from fusionlab.report.verdict import break_even_calls, classify
 from fusionlab.search.results_store import CellResult
 
 
@@ -24,6 +25,24 @@ class Winner:
     runner_up: TrialRecord | None
     verdict: dict[str, Any] | None
     ranked_by: str
+
+    @property
+    def decision(self) -> str:
+        """`faster`, `equivalent`, `inconclusive`, `only contender`, or how it was ranked
+        without a verdict (`by cost`, `not re-measured`)."""
+        if self.verdict is None:
+            return "by cost" if "calls" in self.ranked_by else "not re-measured"
+        return verdict_decision(self.verdict)
+
+
+def verdict_decision(verdict: dict[str, Any]) -> str:
+    """A stored verdict's outcome; verdicts stored before outcomes had names are classified from
+    their interval."""
+    if "decision" in verdict:
+        return str(verdict["decision"])
+    if verdict.get("ci_low") is None:
+        return "only contender"
+    return classify(verdict["ci_low"], verdict["ci_high"], verdict.get("threshold", 0.03))
 
 
 def _cost(record: TrialRecord, mode: str, calls: int, first_use: dict[str, float]) -> float:
