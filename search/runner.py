@@ -412,7 +412,9 @@ class Sweep:
                 f"(+{100 * self.confirm_s / max(self.search_s, 1e-9):.0f}%), "
                 f"{self.extra_rounds_s:.1f} s of it in {self.extra_rounds} rounds beyond the "
                 f"first {self.plan.confirm.min_rounds} of a cell (budget "
-                f"{self.plan.confirm.budget_s:g} s a cell)"
+                f"{self.plan.confirm.budget_s:g} s a cell), {self.audit_s:.1f} s in the audit of "
+                f"every contender (+{100 * self.audit_s / max(self.search_s, 1e-9):.0f}% of the "
+                "search)"
             )
         decisions = Counter(
             verdict_decision(verdict)
