@@ -37,5 +37,7 @@ def compiled_copy(
     # Dynamo keeps its compiled graphs, and its recompile limit, per code object: a private copy
     # of the code keeps each kernel's graphs apart, so many shapes never push one past the limit
     # into a silent eager fallback.
-    private = types.FunctionType(function.__code__.replace(), function.__globals__)
+    private = types.FunctionType(
+        function.__code__.replace(), function.__globals__, closure=function.__closure__
+    )
     return torch.compile(private, backend=backend, **options)

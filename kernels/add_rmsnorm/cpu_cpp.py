@@ -5,20 +5,24 @@ JIT-built and cached by kernels/cpp_build.py. The semantics follow vLLM's fused_
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from fusionlab.kernels import cpp_build
+from fusionlab.kernels import cpp_build, norm_grads
 
 TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
 
 _SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_cpu.cpp",)
 _HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+OP_NAME = "fusionlab::add_rms_norm_cpu"
+INPLACE_OP_NAME = "fusionlab::add_rms_norm_cpu_"
 Pair = tuple[torch.Tensor, torch.Tensor]
 _op: Callable[..., Pair] | None = None
-_op_: Callable[..., Pair] | None = None
+_op_: Callable[..., None] | None = None
 
 
 def unavailable_reason() -> str | None:
@@ -35,9 +39,43 @@ def load_extension() -> float:
     """Build (first time per cache) or load both operators, once per process; seconds spent."""
     global _op, _op_
     seconds = cpp_build.load("add_rmsnorm_cpu", _SOURCES, _HEADERS)
+    _register_fake_and_autograd()
     _op = torch.ops.fusionlab.add_rms_norm_cpu.default
     _op_ = torch.ops.fusionlab.add_rms_norm_cpu_.default
     return seconds
+
+
+@functools.cache
+def _register_fake_and_autograd() -> None:
+    torch.library.register_fake(OP_NAME)(_fake)
+    torch.library.register_fake(INPLACE_OP_NAME)(_fake_inplace)
+    torch.library.register_autograd(OP_NAME, _backward, setup_context=_setup_context)
+
+
+def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+          rows_per_task: int, casting: str = "none", offset: float = 0.0) -> Pair:
+    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
+
+
+def _fake_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                  rows_per_task: int, casting: str = "none", offset: float = 0.0) -> None:
+    return None
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Pair) -> None:
+    x, residual, weight, eps, _rows_per_task, casting, offset = inputs
+    ctx.save_for_backward(x, residual, weight)
+    ctx.eps, ctx.offset, ctx.round_sum = eps, offset, casting != "none"
+
+
+def _backward(ctx: Any, grad_y: torch.Tensor | None,
+              grad_residual_out: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    x, residual, weight = ctx.saved_tensors
+    grad_total, grad_weight = norm_grads.add_rms_norm_grads(
+        grad_y, grad_residual_out, x, residual, weight, ctx.eps, ctx.offset, ctx.round_sum
+    )
+    return (grad_total.to(x.dtype), grad_total.to(residual.dtype), grad_weight.to(weight.dtype),
+            None, None, None, None)
 
 
 def add_rms_norm_cpp(
@@ -55,4 +93,26 @@ def add_rms_norm_cpp_(
     """In place: residual <- x + residual, x <- rmsnorm(residual) * weight; returns both."""
     if _op_ is None:
         load_extension()
-    return _op_(x, residual, weight, eps, rows_per_task)
+    _op_(x, residual, weight, eps, rows_per_task)
+    return x, residual
+
+
+def add_rms_norm_cpp_with(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+    casting: str, offset: float,
+) -> Pair:
+    """add_rms_norm_cpp with a layer's numerics (fusionlab/numerics.py): casting and offset."""
+    if _op is None:
+        load_extension()
+    return _op(x, residual, weight, eps, rows_per_task, casting, offset)
+
+
+def add_rms_norm_cpp_with_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+    casting: str, offset: float,
+) -> Pair:
+    """add_rms_norm_cpp_ (in place) with a layer's numerics: casting and offset."""
+    if _op_ is None:
+        load_extension()
+    _op_(x, residual, weight, eps, rows_per_task, casting, offset)
+    return x, residual
