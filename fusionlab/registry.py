@@ -20,7 +20,7 @@ import torch
 
 from fusionlab.devices import device_types
 from fusionlab.errors import RegistrationError, UserError
-from fusionlab.numerics import CASTING_MODES
+from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.op import OpSpec
 from fusionlab.shapes import DTYPES
 
@@ -41,7 +41,8 @@ class Variant:
     `factory(device_type, **params)` returns a kernel taking the op's inputs. `inplace` maps an
     output to the input it is written into (declared, and checked by the gate). `autograd`: the
     kernel has a backward. `numerics`: the casting modes (fusionlab/numerics.py) it implements;
-    for a mode other than "none" the factory is called with `numerics=Numerics(...)`."""
+    a variant declaring more than "none" takes `numerics=Numerics(...)` (any offset) in its
+    factory, and is called so whenever the numerics differ from the default."""
 
     op: str
     name: str
@@ -61,6 +62,12 @@ class Variant:
     def simplicity(self) -> int:
         """Rank in KINDS: lower is simpler."""
         return KINDS.index(self.kind)
+
+    def supports(self, numerics: Numerics) -> bool:
+        """Whether the kernel can compute with these numerics (see the class docstring)."""
+        if numerics == DEFAULT:
+            return True
+        return self.numerics != ("none",) and numerics.casting in self.numerics
 
     def unavailable_reason(self, device_type: str) -> str | None:
         """Why this variant cannot run on the device type in this process, or None."""

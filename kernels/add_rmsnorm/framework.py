@@ -119,4 +119,4 @@ def compiled(
 ) -> Kernel:
     """torch.compile of the naive chain: inductor fuses the add into the norm."""
     chain = naive_add_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-    return compiled_copy(chain, device_type, mode, dynamic)
+    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_sum)

@@ -90,4 +90,4 @@ def compiled(
 ) -> Kernel:
     """torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron)."""
     chain = naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-    return compiled_copy(chain, device_type, mode, dynamic)
+    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_normed)
