@@ -1,7 +1,11 @@
 """Backward of the hand-written norms, in torch ops (any device), and the fake (meta) kernels
 their custom ops share. The backward recomputes the statistics in fp32 (float64 for float64
 inputs, which is how tests/test_custom_ops.py gradchecks it) from the saved inputs; "llama"
-rounding of the normalised row is passed straight through, as autograd does for `.to(dtype)`."""
+rounding of the normalised row is passed straight through, as autograd does for `.to(dtype)`.
+
+The C++ ops' autograd kernels are C++ (no Python on their forward path) and call the backward
+ops registered here, `fusionlab::{rms_norm,layer_norm,add_rms_norm}_backward`, so each formula
+exists once."""
 
 from __future__ import annotations
 
@@ -77,3 +81,50 @@ def add_rms_norm_grads(
 def empty_like_rows(x: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor of x's shape, dtype and device: what every norm kernel returns."""
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("fusionlab::rms_norm_backward", mutates_args=())
+def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                      offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dx, dL/dweight) in x's and weight's dtypes."""
+    grad_x, grad_weight = rms_norm_grads(grad_y, x, weight, eps, offset)
+    return grad_x.to(x.dtype), grad_weight.to(weight.dtype)
+
+
+@rms_norm_backward.register_fake
+def _(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
+      offset: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return empty_like_rows(x), empty_like_rows(weight)
+
+
+@torch.library.custom_op("fusionlab::layer_norm_backward", mutates_args=())
+def layer_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor, eps: float
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dL/dx, dL/dweight, dL/dbias) in the inputs' dtypes."""
+    grad_x, grad_weight, grad_bias = layer_norm_grads(grad_y, x, weight, eps)
+    return grad_x.to(x.dtype), grad_weight.to(weight.dtype), grad_bias.to(bias.dtype)
+
+
+@layer_norm_backward.register_fake
+def _(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return empty_like_rows(x), empty_like_rows(weight), empty_like_rows(bias)
+
+
+@torch.library.custom_op("fusionlab::add_rms_norm_backward", mutates_args=())
+def add_rms_norm_backward(grad_y: torch.Tensor, grad_residual_out: torch.Tensor,
+                          x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          eps: float, offset: float, round_sum: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dsum, dL/dweight), dL/dsum in x's dtype: it is both dL/dx and dL/dresidual."""
+    grad_total, grad_weight = add_rms_norm_grads(grad_y, grad_residual_out, x, residual, weight,
+                                                 eps, offset, round_sum)
+    return grad_total.to(x.dtype), grad_weight.to(weight.dtype)
+
+
+@add_rms_norm_backward.register_fake
+def _(grad_y: torch.Tensor, grad_residual_out: torch.Tensor, x: torch.Tensor,
+      residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
+      round_sum: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return empty_like_rows(x), empty_like_rows(weight)

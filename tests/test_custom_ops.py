@@ -335,3 +335,42 @@ def test_in_place_variants_declare_no_autograd_and_the_registry_refuses_one_that
     with pytest.raises(RegistrationError, match="in-place variant cannot declare autograd"):
         register_variant("add_rmsnorm", "bad-inplace", devices=("cpu",), autograd=True,
                          inplace={"y": "x"})(lambda device_type: None)
+
+
+@needs_cpp
+@pytest.mark.parametrize("op_name", ["rms_norm_cpu", "layer_norm_cpu", "add_rms_norm_cpu"])
+def test_cpp_autograd_kernels_are_cpp_so_inference_calls_run_no_python(loaded, op_name):
+    """The Autograd kernel is registered from the C++ source (a Python one would be entered on
+    every call, gradients or not), and a call without gradients records no graph."""
+    dump = torch._C._dispatch_dump(f"fusionlab::{op_name}")
+    autograd_lines = [line for line in dump.splitlines() if line.startswith("Autograd")]
+    assert autograd_lines and all(".cpp" in line for line in autograd_lines), dump
+    n_x = 2 if op_name.startswith("add") else 1
+    *xs, weight, bias = _inputs(n_x)
+    tensors = (*xs, weight, *((bias,) if op_name.startswith("layer") else ()))
+    outputs = getattr(torch.ops.fusionlab, op_name).default(*tensors, EPS, 4)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    assert all(o.grad_fn is None for o in outputs)
+
+
+@needs_cpp
+@pytest.mark.parametrize("numerics", MODES, ids=lambda n: n.casting)
+def test_a_compiled_training_step_through_the_cpp_ops_matches_eager(loaded, numerics):
+    """torch.compile of forward + backward through rmsnorm and add_rmsnorm C++ ops: one graph,
+    and the same gradients as eager."""
+    rms = _variant_kernel("rmsnorm", "cpp", numerics, rows_per_task=4)
+    add = _variant_kernel("add_rmsnorm", "cpp", numerics, rows_per_task=4)
+
+    def step(x, residual, w1, w2):
+        y, total = add(x, residual, w1, EPS)
+        return (rms(y * 2, w2, EPS).float().square().sum() + total.float().sum())
+
+    x, residual, w1, _ = _inputs(2)
+    w2 = w1.flip(0)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(step)(x, residual, w1, w2)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    eager = _grads(step, [x, residual, w1, w2])
+    compiled = _grads(torch.compile(step, fullgraph=True), [x, residual, w1, w2])
+    for got, want in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, want)

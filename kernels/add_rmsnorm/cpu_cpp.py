@@ -1,14 +1,15 @@
 """Hand-written C++ residual add + RMSNorm for CPU: `fusionlab::add_rms_norm_cpu` (out of place)
 and `fusionlab::add_rms_norm_cpu_` (in place, vLLM's contract), each reading x and residual once;
 JIT-built and cached by kernels/cpp_build.py. The semantics follow vLLM's fused_add_rms_norm
-(vllm-project/vllm csrc/layernorm_kernels.cu): variance of the fp32 sum, residual stored rounded."""
+(vllm-project/vllm csrc/layernorm_kernels.cu): variance of the fp32 sum, residual stored rounded.
+Loading also registers both ops' fake kernels; the out-of-place op's autograd kernel is C++
+(its backward is kernels/norm_grads.py's op); the in-place op has no autograd."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -39,17 +40,16 @@ def load_extension() -> float:
     """Build (first time per cache) or load both operators, once per process; seconds spent."""
     global _op, _op_
     seconds = cpp_build.load("add_rmsnorm_cpu", _SOURCES, _HEADERS)
-    _register_fake_and_autograd()
+    _register_fakes()
     _op = torch.ops.fusionlab.add_rms_norm_cpu.default
     _op_ = torch.ops.fusionlab.add_rms_norm_cpu_.default
     return seconds
 
 
 @functools.cache
-def _register_fake_and_autograd() -> None:
+def _register_fakes() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
     torch.library.register_fake(INPLACE_OP_NAME)(_fake_inplace)
-    torch.library.register_autograd(OP_NAME, _backward, setup_context=_setup_context)
 
 
 def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -60,22 +60,6 @@ def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: fl
 def _fake_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                   rows_per_task: int, casting: str = "none", offset: float = 0.0) -> None:
     return None
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Pair) -> None:
-    x, residual, weight, eps, _rows_per_task, casting, offset = inputs
-    ctx.save_for_backward(x, residual, weight)
-    ctx.eps, ctx.offset, ctx.round_sum = eps, offset, casting != "none"
-
-
-def _backward(ctx: Any, grad_y: torch.Tensor | None,
-              grad_residual_out: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    x, residual, weight = ctx.saved_tensors
-    grad_total, grad_weight = norm_grads.add_rms_norm_grads(
-        grad_y, grad_residual_out, x, residual, weight, ctx.eps, ctx.offset, ctx.round_sum
-    )
-    return (grad_total.to(x.dtype), grad_total.to(residual.dtype), grad_weight.to(weight.dtype),
-            None, None, None, None)
 
 
 def add_rms_norm_cpp(

@@ -1,13 +1,12 @@
 """Hand-written C++ LayerNorm for CPU: the `fusionlab::layer_norm_cpu` operator (one read of x for
 Welford mean/variance, then the normalised write), JIT-built and cached by kernels/cpp_build.py.
-Loading also registers its fake kernel and autograd (backward in torch ops, norm_grads.py)."""
+Loading also registers its fake kernel; its autograd kernel is C++ (backward: norm_grads.py)."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -35,33 +34,19 @@ def load_extension() -> float:
     """Build (first time per cache) or load the operator, once per process; seconds spent."""
     global _op
     seconds = cpp_build.load("layernorm_cpu", _SOURCES, _HEADERS)
-    _register_fake_and_autograd()
+    _register_fake()
     _op = torch.ops.fusionlab.layer_norm_cpu.default
     return seconds
 
 
 @functools.cache
-def _register_fake_and_autograd() -> None:
+def _register_fake() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
-    torch.library.register_autograd(OP_NAME, _backward, setup_context=_setup_context)
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
           rows_per_task: int) -> torch.Tensor:
     return norm_grads.empty_like_rows(x)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, bias, eps, _rows_per_task = inputs
-    ctx.save_for_backward(x, weight, bias)
-    ctx.eps = eps
-
-
-def _backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, weight, bias = ctx.saved_tensors
-    grad_x, grad_weight, grad_bias = norm_grads.layer_norm_grads(grad_y, x, weight, ctx.eps)
-    return (grad_x.to(x.dtype), grad_weight.to(weight.dtype), grad_bias.to(bias.dtype), None,
-            None)
 
 
 def layer_norm_cpp(

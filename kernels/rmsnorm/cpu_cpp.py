@@ -1,14 +1,13 @@
 """Hand-written C++ RMSNorm for CPU: the `fusionlab::rms_norm_cpu` operator, JIT-built on first
 use by kernels/cpp_build.py (torch.utils.cpp_extension) and cached so later processes only load.
-Loading also registers its fake kernel (torch.compile traces it without a graph break) and its
-autograd (backward in torch ops, kernels/norm_grads.py)."""
+Loading also registers its fake kernel (torch.compile traces it without a graph break). Its
+autograd kernel is C++ (csrc/rmsnorm_cpu.cpp); the backward is kernels/norm_grads.py's op."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,32 +40,19 @@ def load_extension() -> float:
     """
     global _op
     seconds = cpp_build.load("rmsnorm_cpu", _SOURCES, _HEADERS)
-    _register_fake_and_autograd()
+    _register_fake()
     _op = torch.ops.fusionlab.rms_norm_cpu.default
     return seconds
 
 
 @functools.cache
-def _register_fake_and_autograd() -> None:
+def _register_fake() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
-    torch.library.register_autograd(OP_NAME, _backward, setup_context=_setup_context)
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
           casting: str = "none", offset: float = 0.0) -> torch.Tensor:
     return norm_grads.empty_like_rows(x)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
-    x, weight, eps, _rows_per_task, _casting, offset = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps, ctx.offset = eps, offset
-
-
-def _backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = norm_grads.rms_norm_grads(grad_y, x, weight, ctx.eps, ctx.offset)
-    return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None, None, None, None
 
 
 def rms_norm_cpp(

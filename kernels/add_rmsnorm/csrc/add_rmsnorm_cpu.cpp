@@ -18,9 +18,11 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <string>
 #include <tuple>
 
 namespace {
@@ -246,6 +248,64 @@ void add_rms_norm_cpu_(const at::Tensor& x, const at::Tensor& residual, const at
   }
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Pair = std::tuple<at::Tensor, at::Tensor>;
+
+const auto& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusionlab::add_rms_norm_cpu", "")
+          .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                      c10::string_view, double)>();
+  return op;
+}
+
+class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual, const at::Tensor& weight, double eps,
+                               int64_t rows_per_task, const std::string& casting, double offset,
+                               c10::DispatchKeySet below) {
+    ctx->save_for_backward({x, residual, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["round_sum"] = casting != "none";
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, res] =
+        forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting, offset);
+    return {out, res};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw.
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::add_rms_norm_backward", "")
+            .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, const at::Tensor&, double, double, bool)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_total, grad_weight] = backward_op.call(
+        grads[0], grads[1], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(),
+        ctx->saved_data["offset"].toDouble(), ctx->saved_data["round_sum"].toBool());
+    return {grad_total, grad_total, grad_weight, {}, {}, {}, {}, {}};
+  }
+};
+
+// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+Pair add_rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                               const at::Tensor& residual, const at::Tensor& weight, double eps,
+                               int64_t rows_per_task, c10::string_view casting, double offset) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, residual, weight)) {
+    return forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting,
+                                   offset);
+  }
+  variable_list outputs = AddRMSNormFunction::apply(x, residual, weight, eps, rows_per_task,
+                                                    std::string(casting), offset, below);
+  return {outputs[0], outputs[1]};
+}
+
 }  // namespace
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
@@ -259,4 +319,8 @@ TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("add_rms_norm_cpu", &add_rms_norm_cpu);
   m.impl("add_rms_norm_cpu_", &add_rms_norm_cpu_);
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
+  m.impl("add_rms_norm_cpu", &add_rms_norm_cpu_autograd);
 }

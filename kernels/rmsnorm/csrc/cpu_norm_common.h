@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/Dispatch_v2.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -202,6 +203,12 @@ inline void round_block(fVec& lo, fVec& hi) {
 template <typename T>
 inline float round_scalar(float v) {
   return static_cast<float>(static_cast<T>(v));
+}
+
+// Whether autograd must record this call: grad mode is on and some input requires grad.
+template <typename... Ts>
+inline bool needs_grad(const Ts&... tensors) {
+  return at::GradMode::is_enabled() && (tensors.requires_grad() || ...);
 }
 
 // The casting modes of fusionlab/numerics.py: "none" and "gemma" compute in fp32 and round once;

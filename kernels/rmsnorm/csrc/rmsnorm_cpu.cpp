@@ -7,9 +7,11 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <string>
 
 namespace {
 
@@ -131,6 +133,58 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
   return y;
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The op as typed handles: the forward (redispatched below autograd) and its backward, which
+// kernels/norm_grads.py registers in torch ops.
+const auto& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusionlab::rms_norm_cpu", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t,
+                            c10::string_view, double)>();
+  return op;
+}
+
+class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps, int64_t rows_per_task, const std::string& casting,
+                            double offset, c10::DispatchKeySet below) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::rms_norm_backward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, double, double)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight] =
+        backward_op.call(grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
+                         ctx->saved_data["offset"].toDouble());
+    return {grad_x, grad_weight, {}, {}, {}, {}, {}};
+  }
+};
+
+// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                 const at::Tensor& weight, double eps, int64_t rows_per_task,
+                                 c10::string_view casting, double offset) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight)) {
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset);
+  }
+  return RMSNormFunction::apply(x, weight, eps, rows_per_task, std::string(casting), offset,
+                                below);
+}
+
 }  // namespace
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
@@ -141,4 +195,8 @@ TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("rms_norm_cpu", &rms_norm_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
+  m.impl("rms_norm_cpu", &rms_norm_cpu_autograd);
 }
