@@ -20,6 +20,7 @@ import torch
 
 from fusionlab.devices import device_types
 from fusionlab.errors import RegistrationError, UserError
+from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.op import OpSpec
 from fusionlab.shapes import DTYPES
 
@@ -38,7 +39,10 @@ class Variant:
     """One lowering of an op: a factory that does its setup and returns the kernel to time.
 
     `factory(device_type, **params)` returns a kernel taking the op's inputs. `inplace` maps an
-    output to the input it is written into (declared, and checked by the gate)."""
+    output to the input it is written into (declared, and checked by the gate). `autograd`: the
+    kernel has a backward. `numerics`: the casting modes (fusionlab/numerics.py) it implements;
+    a variant declaring more than "none" takes `numerics=Numerics(...)` (any offset) in its
+    factory, and is called so whenever the numerics differ from the default."""
 
     op: str
     name: str
@@ -51,11 +55,19 @@ class Variant:
     description: str = ""
     kind: str = "custom"
     inplace: Mapping[str, str] = field(default_factory=dict)
+    autograd: bool = False
+    numerics: tuple[str, ...] = ("none",)
 
     @property
     def simplicity(self) -> int:
         """Rank in KINDS: lower is simpler."""
         return KINDS.index(self.kind)
+
+    def supports(self, numerics: Numerics) -> bool:
+        """Whether the kernel can compute with these numerics (see the class docstring)."""
+        if numerics == DEFAULT:
+            return True
+        return self.numerics != ("none",) and numerics.casting in self.numerics
 
     def unavailable_reason(self, device_type: str) -> str | None:
         """Why this variant cannot run on the device type in this process, or None."""
@@ -125,8 +137,13 @@ def register_variant(
     description: str = "",
     kind: str = "custom",
     inplace: Mapping[str, str] | None = None,
+    autograd: bool | None = None,
+    numerics: Sequence[str] = ("none",),
 ) -> Callable[[Callable[..., Kernel]], Callable[..., Kernel]]:
-    """Decorator: register `factory(device_type, **params) -> kernel` as a variant of `op`."""
+    """Decorator: register `factory(device_type, **params) -> kernel` as a variant of `op`.
+
+    `autograd` defaults to True for the pure-torch kinds (baseline, builtin, compiled) that write
+    no input, False otherwise: a hand-written kernel says whether it has a backward."""
 
     def decorate(factory: Callable[..., Kernel]) -> Callable[..., Kernel]:
         variant = Variant(
@@ -141,6 +158,8 @@ def register_variant(
             description=description or (factory.__doc__ or "").strip().split("\n")[0],
             kind=kind,
             inplace=dict(inplace or {}),
+            autograd=kind != "custom" and not inplace if autograd is None else autograd,
+            numerics=tuple(numerics),
         )
         _validate(variant)
         _VARIANTS[op][variant.name] = variant
@@ -170,6 +189,12 @@ def _validate(variant: Variant) -> None:
                 f"{where}: inplace maps outputs ({', '.join(spec.outputs)}) to inputs "
                 f"({', '.join(spec.inputs)}); got {output!r} -> {target!r}"
             )
+    if variant.inplace and variant.autograd:
+        raise RegistrationError(f"{where}: an in-place variant cannot declare autograd")
+    if not variant.numerics or set(variant.numerics) - set(CASTING_MODES):
+        raise RegistrationError(
+            f"{where}: numerics must be a non-empty subset of {', '.join(CASTING_MODES)}"
+        )
     bad_dtypes = set(variant.dtypes) - set(DTYPES)
     if bad_dtypes:
         raise RegistrationError(f"{where}: unknown dtypes {sorted(bad_dtypes)}")

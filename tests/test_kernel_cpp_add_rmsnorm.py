@@ -184,7 +184,7 @@ def test_rejects_bad_arguments(residual, weight, eps, rows_per_task, match):
 def test_schemas_declare_what_is_mutated():
     schema = str(torch.ops.fusionlab.add_rms_norm_cpu_.default._schema)
     assert "Tensor(a!) x, Tensor(b!) residual, Tensor weight" in schema
-    assert schema.endswith("-> (Tensor(a!), Tensor(b!))")
+    assert schema.endswith("-> ()")  # no aliasing output, so torch.compile can functionalize it
     assert "!" not in str(torch.ops.fusionlab.add_rms_norm_cpu.default._schema)
 
 

@@ -1,24 +1,29 @@
 """Hand-written C++ residual add + RMSNorm for CPU: `fusionlab::add_rms_norm_cpu` (out of place)
 and `fusionlab::add_rms_norm_cpu_` (in place, vLLM's contract), each reading x and residual once;
 JIT-built and cached by kernels/cpp_build.py. The semantics follow vLLM's fused_add_rms_norm
-(vllm-project/vllm csrc/layernorm_kernels.cu): variance of the fp32 sum, residual stored rounded."""
+(vllm-project/vllm csrc/layernorm_kernels.cu): variance of the fp32 sum, residual stored rounded.
+Loading also registers both ops' fake kernels; the out-of-place op's autograd kernel is C++
+(its backward is kernels/norm_grads.py's op); the in-place op has no autograd."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build
+from fusionlab.kernels import cpp_build, norm_grads
 
 TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
 
 _SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_cpu.cpp",)
 _HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+OP_NAME = "fusionlab::add_rms_norm_cpu"
+INPLACE_OP_NAME = "fusionlab::add_rms_norm_cpu_"
 Pair = tuple[torch.Tensor, torch.Tensor]
 _op: Callable[..., Pair] | None = None
-_op_: Callable[..., Pair] | None = None
+_op_: Callable[..., None] | None = None
 
 
 def unavailable_reason() -> str | None:
@@ -35,9 +40,26 @@ def load_extension() -> float:
     """Build (first time per cache) or load both operators, once per process; seconds spent."""
     global _op, _op_
     seconds = cpp_build.load("add_rmsnorm_cpu", _SOURCES, _HEADERS)
+    _register_fakes()
     _op = torch.ops.fusionlab.add_rms_norm_cpu.default
     _op_ = torch.ops.fusionlab.add_rms_norm_cpu_.default
     return seconds
+
+
+@functools.cache
+def _register_fakes() -> None:
+    torch.library.register_fake(OP_NAME)(_fake)
+    torch.library.register_fake(INPLACE_OP_NAME)(_fake_inplace)
+
+
+def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+          rows_per_task: int, casting: str = "none", offset: float = 0.0) -> Pair:
+    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
+
+
+def _fake_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                  rows_per_task: int, casting: str = "none", offset: float = 0.0) -> None:
+    return None
 
 
 def add_rms_norm_cpp(
@@ -55,4 +77,26 @@ def add_rms_norm_cpp_(
     """In place: residual <- x + residual, x <- rmsnorm(residual) * weight; returns both."""
     if _op_ is None:
         load_extension()
-    return _op_(x, residual, weight, eps, rows_per_task)
+    _op_(x, residual, weight, eps, rows_per_task)
+    return x, residual
+
+
+def add_rms_norm_cpp_with(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+    casting: str, offset: float,
+) -> Pair:
+    """add_rms_norm_cpp with a layer's numerics (fusionlab/numerics.py): casting and offset."""
+    if _op is None:
+        load_extension()
+    return _op(x, residual, weight, eps, rows_per_task, casting, offset)
+
+
+def add_rms_norm_cpp_with_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+    casting: str, offset: float,
+) -> Pair:
+    """add_rms_norm_cpp_ (in place) with a layer's numerics: casting and offset."""
+    if _op_ is None:
+        load_extension()
+    _op_(x, residual, weight, eps, rows_per_task, casting, offset)
+    return x, residual

@@ -8,6 +8,7 @@ from typing import Any
 
 from fusionlab.kernels.add_rmsnorm import cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
+from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
 
 
@@ -18,11 +19,16 @@ from fusionlab.registry import Kernel, register_variant
     tunables=cpu_cpp.TUNABLES,
     available=lambda device_type: cpu_cpp.unavailable_reason(),
     check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+    autograd=True,
+    numerics=CASTING_MODES,
 )
-def cpp(device_type: str, **params: Any) -> Kernel:
+def cpp(device_type: str, numerics: Numerics = DEFAULT, **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): fp32 sum of squares, then both results written."""
     cpu_cpp.load_extension()
-    return functools.partial(cpu_cpp.add_rms_norm_cpp, **params)
+    if numerics == DEFAULT:
+        return functools.partial(cpu_cpp.add_rms_norm_cpp, **params)
+    return functools.partial(cpu_cpp.add_rms_norm_cpp_with, casting=numerics.casting,
+                             offset=numerics.offset, **params)
 
 
 @register_variant(
@@ -33,11 +39,16 @@ def cpp(device_type: str, **params: Any) -> Kernel:
     available=lambda device_type: cpu_cpp.unavailable_reason(),
     check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
     inplace={"y": "x", "residual_out": "residual"},
+    autograd=False,
+    numerics=CASTING_MODES,
 )
-def cpp_inplace(device_type: str, **params: Any) -> Kernel:
+def cpp_inplace(device_type: str, numerics: Numerics = DEFAULT, **params: Any) -> Kernel:
     """The C++ kernel in place (vLLM's contract): residual <- x + residual, x <- the norm."""
     cpu_cpp.load_extension()
-    return functools.partial(cpu_cpp.add_rms_norm_cpp_, **params)
+    if numerics == DEFAULT:
+        return functools.partial(cpu_cpp.add_rms_norm_cpp_, **params)
+    return functools.partial(cpu_cpp.add_rms_norm_cpp_with_, casting=numerics.casting,
+                             offset=numerics.offset, **params)
 
 
 @register_variant(
@@ -47,6 +58,7 @@ def cpp_inplace(device_type: str, **params: Any) -> Kernel:
     tunables=nki_kernel.TUNABLES,
     available=lambda device_type: nki_kernel.unavailable_reason(),
     check_params=lambda shape, params, device_type: nki_kernel.param_error(shape, **params),
+    autograd=False,
 )
 def nki(device_type: str, **params: Any) -> Kernel:
     """NKI kernel: the fp32 sum kept in SBUF, normalised and written with the new residual."""
@@ -60,6 +72,7 @@ def nki(device_type: str, **params: Any) -> Kernel:
     tunables=triton_kernel.TUNABLES,
     available=lambda device_type: triton_kernel.unavailable_reason(),
     check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+    autograd=True,
 )
 def triton(device_type: str, **params: Any) -> Kernel:
     """Triton kernel: reads x and residual once, writes the fp32 sum and the norm."""
@@ -74,6 +87,7 @@ def triton(device_type: str, **params: Any) -> Kernel:
     available=lambda device_type: triton_kernel.unavailable_reason(),
     check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
     inplace={"y": "x", "residual_out": "residual"},
+    autograd=False,
 )
 def triton_inplace(device_type: str, **params: Any) -> Kernel:
     """The Triton kernel writing y into x and the sum into residual (vLLM's contract)."""

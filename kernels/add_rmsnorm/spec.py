@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from fusionlab.kernels.rmsnorm.spec import EPS, TOLERANCES, rms_norm_float64
+from fusionlab.kernels.rmsnorm.spec import EPS, TOLERANCES, rms_norm_float64, rms_norm_float64_with
+from fusionlab.numerics import Numerics
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 
@@ -28,6 +29,29 @@ def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
     assert isinstance(weight, torch.Tensor)
     total = x.detach().to("cpu", torch.float64) + residual.detach().to("cpu", torch.float64)
     return rms_norm_float64(total, weight, float(eps)), total  # type: ignore[arg-type]
+
+
+def add_rms_norm_float64_with(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, numerics: Numerics,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, residual_out) in float64 under `numerics`: "llama" and "gemma" round the sum to `dtype`
+    (default x's) first, as a model's separate add does. Differentiable: no detach."""
+    dtype = dtype or x.dtype
+    total = x.to("cpu", torch.float64) + residual.to("cpu", torch.float64)
+    if numerics.rounds_sum:
+        total = total.to(dtype).to(torch.float64)
+    return rms_norm_float64_with(total, weight, eps, numerics, dtype), total
+
+
+def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ...]:
+    """The float64 reference of a layer with these numerics (`reference` is casting "none")."""
+    x, residual, weight, eps = inputs
+    assert isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
+    assert isinstance(weight, torch.Tensor)
+    return add_rms_norm_float64_with(
+        x.detach(), residual.detach(), weight.detach(), float(eps), numerics  # type: ignore[arg-type]
+    )
 
 
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:

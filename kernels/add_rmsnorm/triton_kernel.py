@@ -8,8 +8,11 @@ src/liger_kernel/ops/fused_add_rms_norm.py). Launch space: fusionlab.kernels.rms
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from fusionlab.kernels import norm_grads
 from fusionlab.kernels.rmsnorm.triton_kernel import (
     TUNABLES,
     as_rows,
@@ -114,6 +117,7 @@ def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, params
     check_launch(x, param_error(tuple(x.shape), *params), weight)
 
 
+@torch.library.custom_op("fusionlab::add_rms_norm_triton", mutates_args=())
 def add_rms_norm_triton(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -134,6 +138,35 @@ def add_rms_norm_triton(
     return out.view(x.shape), residual_out.view(x.shape)
 
 
+@torch.library.custom_op("fusionlab::add_rms_norm_triton_", mutates_args=("x", "residual"))
+def _add_rms_norm_triton_inplace(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    block_size: int,
+    rows_per_program: int,
+    threads_per_row: int,
+) -> None:
+    """The in-place op; it returns nothing, since torch.compile cannot functionalize a custom
+    op whose outputs alias its inputs."""
+    params = (block_size, rows_per_program, threads_per_row)
+    _check(x, residual, weight, params)
+    x2d, r2d = as_rows(x), as_rows(residual)
+    _launch(x2d, r2d, weight, eps, x2d, r2d, *params)
+    # as_rows copies when the strides admit no [rows, hidden] view; write those results back.
+    for target, result in ((x, x2d), (residual, r2d)):
+        if result.untyped_storage().data_ptr() != target.untyped_storage().data_ptr():
+            target.copy_(result.view(target.shape))
+
+
+@_add_rms_norm_triton_inplace.register_fake
+def _fake_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+                  block_size: int, rows_per_program: int, threads_per_row: int) -> None:
+    return None
+
+
 def add_rms_norm_triton_(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -145,12 +178,33 @@ def add_rms_norm_triton_(
     threads_per_row: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """In place (vLLM style): x becomes the normed output, residual becomes x + residual."""
-    params = (block_size, rows_per_program, threads_per_row)
-    _check(x, residual, weight, params)
-    x2d, r2d = as_rows(x), as_rows(residual)
-    _launch(x2d, r2d, weight, eps, x2d, r2d, *params)
-    # as_rows copies when the strides admit no [rows, hidden] view; write those results back.
-    for target, result in ((x, x2d), (residual, r2d)):
-        if result.untyped_storage().data_ptr() != target.untyped_storage().data_ptr():
-            target.copy_(result.view(target.shape))
+    _add_rms_norm_triton_inplace(x, residual, weight, eps, block_size=block_size,
+                                 rows_per_program=rows_per_program,
+                                 threads_per_row=threads_per_row)
     return x, residual
+
+
+@add_rms_norm_triton.register_fake
+def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
+          block_size: int, rows_per_program: int,
+          threads_per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any],
+                   output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    x, residual, weight, eps = inputs
+    ctx.save_for_backward(x, residual, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx: Any, grad_y: torch.Tensor | None,
+              grad_residual_out: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    x, residual, weight = ctx.saved_tensors
+    grad_total, grad_weight = norm_grads.add_rms_norm_grads(
+        grad_y, grad_residual_out, x, residual, weight, ctx.eps
+    )
+    return grad_total.to(x.dtype), grad_total.to(residual.dtype), grad_weight.to(weight.dtype), None
+
+
+add_rms_norm_triton.register_autograd(_backward, setup_context=_setup_context)

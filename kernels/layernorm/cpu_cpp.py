@@ -1,19 +1,22 @@
 """Hand-written C++ LayerNorm for CPU: the `fusionlab::layer_norm_cpu` operator (one read of x for
-Welford mean/variance, then the normalised write), JIT-built and cached by kernels/cpp_build.py."""
+Welford mean/variance, then the normalised write), JIT-built and cached by kernels/cpp_build.py.
+Loading also registers its fake kernel; its autograd kernel is C++ (backward: norm_grads.py)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build
+from fusionlab.kernels import cpp_build, norm_grads
 
 TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
 
 _SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
 _HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+OP_NAME = "fusionlab::layer_norm_cpu"
 _op: Callable[..., torch.Tensor] | None = None
 
 
@@ -31,8 +34,19 @@ def load_extension() -> float:
     """Build (first time per cache) or load the operator, once per process; seconds spent."""
     global _op
     seconds = cpp_build.load("layernorm_cpu", _SOURCES, _HEADERS)
+    _register_fake()
     _op = torch.ops.fusionlab.layer_norm_cpu.default
     return seconds
+
+
+@functools.cache
+def _register_fake() -> None:
+    torch.library.register_fake(OP_NAME)(_fake)
+
+
+def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+          rows_per_task: int) -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
 
 
 def layer_norm_cpp(

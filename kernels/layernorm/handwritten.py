@@ -18,6 +18,7 @@ from fusionlab.registry import Kernel, register_variant
     tunables=cpu_cpp.TUNABLES,
     available=lambda device_type: cpu_cpp.unavailable_reason(),
     check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+    autograd=True,
 )
 def cpp(device_type: str, **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write."""
@@ -32,6 +33,7 @@ def cpp(device_type: str, **params: Any) -> Kernel:
     tunables=nki_kernel.TUNABLES,
     available=lambda device_type: nki_kernel.unavailable_reason(),
     check_params=lambda shape, params, device_type: nki_kernel.param_error(shape, **params),
+    autograd=False,
 )
 def nki(device_type: str, **params: Any) -> Kernel:
     """NKI kernel: mean and variance in one pass over an SBUF-resident row tile."""
@@ -45,6 +47,7 @@ def nki(device_type: str, **params: Any) -> Kernel:
     tunables=triton_kernel.TUNABLES,
     available=lambda device_type: triton_kernel.unavailable_reason(),
     check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+    autograd=True,
 )
 def triton(device_type: str, **params: Any) -> Kernel:
     """Triton kernel: mean and variance of each row from one read, several rows per program."""

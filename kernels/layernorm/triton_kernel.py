@@ -9,8 +9,11 @@ E[x^2] - E[x]^2, and from the row already in registers: two reductions, one read
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from fusionlab.kernels import norm_grads
 from fusionlab.kernels.rmsnorm.triton_kernel import (
     TUNABLES,
     as_rows,
@@ -65,6 +68,7 @@ def param_error(
     return tile_error(shape, block_size, rows_per_program, threads_per_row)
 
 
+@torch.library.custom_op("fusionlab::layer_norm_triton", mutates_args=())
 def layer_norm_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -97,3 +101,25 @@ def layer_norm_triton(
         num_warps=num_warps_for(rows_per_program, threads_per_row),
     )
     return y.view(x.shape)
+
+
+@layer_norm_triton.register_fake
+def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, *,
+          block_size: int, rows_per_program: int, threads_per_row: int) -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any],
+                   output: torch.Tensor) -> None:
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.eps = eps
+
+
+def _backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight, bias = ctx.saved_tensors
+    grad_x, grad_weight, grad_bias = norm_grads.layer_norm_grads(grad_y, x, weight, ctx.eps)
+    return grad_x.to(x.dtype), grad_weight.to(weight.dtype), grad_bias.to(bias.dtype), None
+
+
+layer_norm_triton.register_autograd(_backward, setup_context=_setup_context)

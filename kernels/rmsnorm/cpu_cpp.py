@@ -1,14 +1,17 @@
 """Hand-written C++ RMSNorm for CPU: the `fusionlab::rms_norm_cpu` operator, JIT-built on first
-use by kernels/cpp_build.py (torch.utils.cpp_extension) and cached so later processes only load."""
+use by kernels/cpp_build.py (torch.utils.cpp_extension) and cached so later processes only load.
+Loading also registers its fake kernel (torch.compile traces it without a graph break). Its
+autograd kernel is C++ (csrc/rmsnorm_cpu.cpp); the backward is kernels/norm_grads.py's op."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build
+from fusionlab.kernels import cpp_build, norm_grads
 
 ROWS_PER_TASK_CHOICES: tuple[int, ...] = (1, 4, 16, 64)
 TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": ROWS_PER_TASK_CHOICES}
@@ -16,6 +19,7 @@ TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": ROWS_PER_TASK_CHOICES}
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = (_CSRC / "rmsnorm_cpu.cpp",)
 _HEADERS = (_CSRC / "cpu_norm_common.h",)
+OP_NAME = "fusionlab::rms_norm_cpu"
 _op: Callable[..., torch.Tensor] | None = None
 
 
@@ -36,8 +40,19 @@ def load_extension() -> float:
     """
     global _op
     seconds = cpp_build.load("rmsnorm_cpu", _SOURCES, _HEADERS)
+    _register_fake()
     _op = torch.ops.fusionlab.rms_norm_cpu.default
     return seconds
+
+
+@functools.cache
+def _register_fake() -> None:
+    torch.library.register_fake(OP_NAME)(_fake)
+
+
+def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+          casting: str = "none", offset: float = 0.0) -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
 
 
 def rms_norm_cpp(
@@ -47,3 +62,13 @@ def rms_norm_cpp(
     if _op is None:
         load_extension()
     return _op(x, weight, eps, rows_per_task)
+
+
+def rms_norm_cpp_with(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, casting: str,
+    offset: float,
+) -> torch.Tensor:
+    """rms_norm_cpp with a module's numerics (fusionlab/numerics.py): casting mode and offset."""
+    if _op is None:
+        load_extension()
+    return _op(x, weight, eps, rows_per_task, casting, offset)

@@ -6,6 +6,7 @@ import torch
 
 from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
+from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
 
 
@@ -19,20 +20,60 @@ def naive_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
     return h * weight
 
 
+def rmsnorm_with(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, numerics: Numerics
+) -> torch.Tensor:
+    """The ATen chain of a norm module with these numerics (fusionlab/numerics.py): fp32
+    statistics; "llama" rounds the normalised row to x's dtype before the weight multiply."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if numerics.rounds_normed:
+        h = h.to(x.dtype)
+    scale = weight.to(torch.float32)
+    if numerics.offset:
+        scale = numerics.offset + scale
+    return (scale * h).to(x.dtype)
+
+
 def builtin_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-@register_variant(RMSNORM.name, "naive", devices=("cpu", "cuda", "neuron"), kind="baseline")
-def naive(device_type: str) -> Kernel:
+def chain_with(numerics: Numerics) -> Kernel:
+    """rmsnorm_with bound to `numerics`, as a plain function torch.compile can copy."""
+
+    def rmsnorm_chain(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return rmsnorm_with(x, weight, eps, numerics)
+
+    return rmsnorm_chain
+
+
+@register_variant(
+    RMSNORM.name, "naive", devices=("cpu", "cuda", "neuron"), kind="baseline",
+    numerics=CASTING_MODES,
+)
+def naive(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
     """Square, mean, add eps, rsqrt and two multiplies as separate ATen ops."""
-    return naive_rmsnorm
+    return naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
 
 
-@register_variant(RMSNORM.name, "builtin", devices=("cpu", "cuda", "neuron"), kind="builtin")
-def builtin(device_type: str) -> Kernel:
+@register_variant(
+    RMSNORM.name, "builtin", devices=("cpu", "cuda", "neuron"), kind="builtin",
+    numerics=("none", "gemma"),
+)
+def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
     """torch.rms_norm (aten::rms_norm, fused where the backend has a fused kernel)."""
-    return builtin_rmsnorm
+    if numerics == DEFAULT:
+        return builtin_rmsnorm
+    if numerics.rounds_normed:
+        raise ValueError("builtin rmsnorm cannot round the normalised row (casting 'llama')")
+    offset = numerics.offset
+
+    def builtin_rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # An fp32 weight: torch.rms_norm multiplies in fp32 and rounds once, as Gemma does.
+        return torch.rms_norm(x, (x.shape[-1],), offset + weight.to(torch.float32), eps)
+
+    return builtin_rmsnorm_offset
 
 
 @register_variant(
@@ -42,7 +83,11 @@ def builtin(device_type: str) -> Kernel:
     tunables=COMPILE_TUNABLES,
     check_params=compile_rejects,
     kind="compiled",
+    numerics=CASTING_MODES,
 )
-def compiled(device_type: str, mode: str, dynamic: bool) -> Kernel:
+def compiled(
+    device_type: str, mode: str, dynamic: bool, numerics: Numerics = DEFAULT
+) -> Kernel:
     """torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron)."""
-    return compiled_copy(naive_rmsnorm, device_type, mode, dynamic)
+    chain = naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
+    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_normed)

@@ -8,6 +8,7 @@ from typing import Any
 
 from fusionlab.kernels.rmsnorm import cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
+from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
 
 
@@ -18,11 +19,16 @@ from fusionlab.registry import Kernel, register_variant
     tunables=cpu_cpp.TUNABLES,
     available=lambda device_type: cpu_cpp.unavailable_reason(),
     check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+    autograd=True,
+    numerics=CASTING_MODES,
 )
-def cpp(device_type: str, **params: Any) -> Kernel:
+def cpp(device_type: str, numerics: Numerics = DEFAULT, **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): two vectorised passes per row, parallel over rows."""
     cpu_cpp.load_extension()
-    return functools.partial(cpu_cpp.rms_norm_cpp, **params)
+    if numerics == DEFAULT:
+        return functools.partial(cpu_cpp.rms_norm_cpp, **params)
+    return functools.partial(cpu_cpp.rms_norm_cpp_with, casting=numerics.casting,
+                             offset=numerics.offset, **params)
 
 
 @register_variant(
@@ -32,6 +38,7 @@ def cpp(device_type: str, **params: Any) -> Kernel:
     tunables=triton_kernel.TUNABLES,
     available=triton_kernel.unavailable_reason,
     check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+    autograd=True,
 )
 def triton(device_type: str, **params: Any) -> Kernel:
     """Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on each row."""
@@ -45,6 +52,7 @@ def triton(device_type: str, **params: Any) -> Kernel:
     tunables=nki_kernel.TUNABLES,
     available=lambda device_type: nki_kernel.unavailable_reason(),
     check_params=lambda shape, params, device_type: nki_kernel.param_error(shape, **params),
+    autograd=False,
 )
 def nki(device_type: str, **params: Any) -> Kernel:
     """NKI kernel: rows on the 128 partitions split across logical cores, x kept in SBUF."""

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from fusionlab.numerics import Numerics
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 
@@ -36,6 +37,26 @@ def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
     x, weight, eps = inputs
     assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
     return (rms_norm_float64(x, weight, float(eps)),)  # type: ignore[arg-type]
+
+
+def rms_norm_float64_with(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, numerics: Numerics,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """RMSNorm in float64 under `numerics`; "llama" rounds the normalised row to `dtype` (default
+    x's), its gradient passing straight through the rounding. Differentiable: no detach."""
+    x64 = x.to("cpu", torch.float64)
+    normed = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
+    if numerics.rounds_normed:
+        normed = normed.to(dtype or x.dtype).to(torch.float64)
+    return normed * (numerics.offset + weight.to("cpu", torch.float64))
+
+
+def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ...]:
+    """The float64 reference of a module with these numerics (`reference` is casting "none")."""
+    x, weight, eps = inputs
+    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
+    return (rms_norm_float64_with(x.detach(), weight.detach(), float(eps), numerics),)  # type: ignore[arg-type]
 
 
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:

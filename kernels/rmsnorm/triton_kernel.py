@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import torch
+
+from fusionlab.kernels import norm_grads
 
 try:
     import triton
@@ -225,6 +228,7 @@ if triton is not None:
         tl.store(y_ptr + rows * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@torch.library.custom_op("fusionlab::rms_norm_triton", mutates_args=())
 def rms_norm_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -255,3 +259,25 @@ def rms_norm_triton(
         num_warps=num_warps_for(rows_per_program, threads_per_row),
     )
     return y.view(x.shape)
+
+
+@rms_norm_triton.register_fake
+def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, *, block_size: int,
+          rows_per_program: int, threads_per_row: int) -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any],
+                   output: torch.Tensor) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    x, weight = ctx.saved_tensors
+    grad_x, grad_weight = norm_grads.rms_norm_grads(grad_y, x, weight, ctx.eps)
+    return grad_x.to(x.dtype), grad_weight.to(weight.dtype), None
+
+
+rms_norm_triton.register_autograd(_backward, setup_context=_setup_context)

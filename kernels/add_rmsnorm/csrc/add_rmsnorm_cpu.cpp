@@ -8,6 +8,9 @@
 // out of streaming, since pass 2 would then have to read it back).
 // The in-place flavour (vLLM's contract) writes out into x and s into residual: each block is
 // read before it is written, so the same two passes are safe in place.
+// Casting "llama" and "gemma" (fusionlab/numerics.py) model a decoder layer whose add is its own
+// op: the sum is rounded to x's dtype before its statistics are taken (kRoundSum), as the model's
+// `residual + hidden_states` is; "llama" also rounds the normalised row before the weight multiply.
 // Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
@@ -15,9 +18,11 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <string>
 #include <tuple>
 
 namespace {
@@ -29,7 +34,30 @@ struct Rows {
   int64_t x_stride, r_stride, out_stride, res_stride;
 };
 
-template <bool kStream, typename T>
+struct Casting {
+  bool round_sum, round_normed;
+};
+
+Casting parse_casting(c10::string_view casting, const char* op) {
+  const bool round_normed = rounds_normed(casting, op);
+  return {casting != "none", round_normed};
+}
+
+template <bool kRoundSum, typename T>
+inline void add_block(fVec& a, fVec& b, const fVec& ra, const fVec& rb) {
+  a = a + ra, b = b + rb;
+  if constexpr (kRoundSum) {
+    round_block<T>(a, b);
+  }
+}
+
+template <bool kRoundSum, typename T>
+inline float add_scalar(T x, T r) {
+  const float s = static_cast<float>(x) + static_cast<float>(r);
+  return kRoundSum ? round_scalar<T>(s) : s;
+}
+
+template <bool kStream, bool kRoundSum, bool kRoundNormed, typename T>
 void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, const float* w,
                       T* out, T* res, int64_t n, float eps) {
   // Four independent accumulators keep several FMAs in flight instead of one dependent chain.
@@ -41,7 +69,8 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
     load_block(x + i + kBlock, c, d);
     load_block(r + i, ra, rb);
     load_block(r + i + kBlock, rc, rd);
-    a = a + ra, b = b + rb, c = c + rc, d = d + rd;
+    add_block<kRoundSum, T>(a, b, ra, rb);
+    add_block<kRoundSum, T>(c, d, rc, rd);
     acc0 = at::vec::fmadd(a, a, acc0);
     acc1 = at::vec::fmadd(b, b, acc1);
     acc2 = at::vec::fmadd(c, c, acc2);
@@ -51,7 +80,7 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
     fVec a, b, ra, rb;
     load_block(x + i, a, b);
     load_block(r + i, ra, rb);
-    a = a + ra, b = b + rb;
+    add_block<kRoundSum, T>(a, b, ra, rb);
     acc0 = at::vec::fmadd(a, a, acc0);
     acc1 = at::vec::fmadd(b, b, acc1);
     i += kBlock;
@@ -59,7 +88,7 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
   float sum_sq = at::vec::vec_reduce_all<float>(
       [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
   for (; i < n; ++i) {
-    const float s = static_cast<float>(x[i]) + static_cast<float>(r[i]);
+    const float s = add_scalar<kRoundSum>(x[i], r[i]);
     sum_sq += s * s;
   }
 
@@ -72,21 +101,27 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
     fVec xa, xb, ra, rb;
     load_block(x + i, xa, xb);
     load_block(r + i, ra, rb);
-    const fVec sa = xa + ra, sb = xb + rb;
+    fVec sa = xa, sb = xb;
+    add_block<kRoundSum, T>(sa, sb, ra, rb);
     store_block<kStream>(res + i, sa, sb);
-    store_block<kStream>(out + i, sa * vinv * fVec::loadu(w + i),
-                         sb * vinv * fVec::loadu(w + i + fVec::size()));
+    fVec normed_a = sa * vinv, normed_b = sb * vinv;
+    if constexpr (kRoundNormed) {
+      round_block<T>(normed_a, normed_b);
+    }
+    store_block<kStream>(out + i, normed_a * fVec::loadu(w + i),
+                         normed_b * fVec::loadu(w + i + fVec::size()));
   }
   for (; i < n; ++i) {
-    const float s = static_cast<float>(x[i]) + static_cast<float>(r[i]);
+    const float s = add_scalar<kRoundSum>(x[i], r[i]);
     res[i] = static_cast<T>(s);
-    out[i] = static_cast<T>(s * inv_rms * w[i]);
+    const float normed = s * inv_rms;
+    out[i] = static_cast<T>((kRoundNormed ? round_scalar<T>(normed) : normed) * w[i]);
   }
 }
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
 // threads (none for rows <= rows_per_task).
-template <bool kStream, typename T>
+template <bool kStream, bool kRoundSum, bool kRoundNormed, typename T>
 void add_rms_norm_rows(const T* x, const T* r, const float* w, T* out, T* res, const Rows& g,
                        float eps, int64_t rows_per_task) {
   at::parallel_for(0, g.rows, rows_per_task, [&](int64_t begin, int64_t end) {
@@ -94,7 +129,7 @@ void add_rms_norm_rows(const T* x, const T* r, const float* w, T* out, T* res, c
       const T* x_row = x + row * g.x_stride;
       const T* r_row = r + row * g.r_stride;
       const bool last = row + 1 >= end;
-      add_rms_norm_row<kStream>(x_row, r_row, last ? x_row : x_row + g.x_stride,
+      add_rms_norm_row<kStream, kRoundSum, kRoundNormed>(x_row, r_row, last ? x_row : x_row + g.x_stride,
                                 last ? r_row : r_row + g.r_stride, w, out + row * g.out_stride,
                                 res + row * g.res_stride, g.hidden, eps);
     }
@@ -128,10 +163,11 @@ void check_arguments(const char* op, const at::Tensor& x, const at::Tensor& resi
 
 // Runs the kernel from x and residual (rows at uniform strides) into out and res.
 void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, at::Tensor& out,
-         at::Tensor& res, const Rows& g, double eps, int64_t rows_per_task, bool may_stream) {
+         at::Tensor& res, const Rows& g, double eps, int64_t rows_per_task, bool may_stream,
+         Casting casting, double offset) {
   const at::Tensor w_in = weight.contiguous();
   std::vector<float> w_widened;
-  const float* w = widen_to_float(w_in, w_widened);
+  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
   const float eps_f = static_cast<float>(eps);
   AT_DISPATCH_V2(x.scalar_type(), "add_rms_norm_cpu", AT_WRAP([&] {
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
@@ -139,8 +175,19 @@ void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weig
     const int64_t size = sizeof(scalar_t);
     const bool stream = may_stream && should_stream(out_ptr, g.hidden, size, out.nbytes()) &&
                         should_stream(res_ptr, g.hidden, size, res.nbytes());
-    (stream ? add_rms_norm_rows<true, scalar_t> : add_rms_norm_rows<false, scalar_t>)(
-        x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w, out_ptr, res_ptr,
+    using RowsFn = decltype(&add_rms_norm_rows<false, false, false, scalar_t>);
+    RowsFn rows_fn = nullptr;
+    if (!casting.round_sum) {  // "none"
+      rows_fn = stream ? add_rms_norm_rows<true, false, false, scalar_t>
+                       : add_rms_norm_rows<false, false, false, scalar_t>;
+    } else if (casting.round_normed) {  // "llama"
+      rows_fn = stream ? add_rms_norm_rows<true, true, true, scalar_t>
+                       : add_rms_norm_rows<false, true, true, scalar_t>;
+    } else {  // "gemma"
+      rows_fn = stream ? add_rms_norm_rows<true, true, false, scalar_t>
+                       : add_rms_norm_rows<false, true, false, scalar_t>;
+    }
+    rows_fn(x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w, out_ptr, res_ptr,
         g, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
 }
@@ -148,8 +195,11 @@ void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weig
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
                                                     const at::Tensor& residual,
                                                     const at::Tensor& weight, double eps,
-                                                    int64_t rows_per_task) {
-  check_arguments("fusionlab::add_rms_norm_cpu", x, residual, weight, eps, rows_per_task);
+                                                    int64_t rows_per_task,
+                                                    c10::string_view casting, double offset) {
+  const char* op = "fusionlab::add_rms_norm_cpu";
+  check_arguments(op, x, residual, weight, eps, rows_per_task);
+  const Casting mode = parse_casting(casting, op);
   // Allocated without the dispatcher so a profiled call is a single op record.
   at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
   at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
@@ -163,22 +213,24 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
   const at::Tensor r_src = r_stride ? residual : residual.contiguous();
   const Rows g{x.numel() / hidden, hidden, x_stride.value_or(hidden), r_stride.value_or(hidden),
                hidden, hidden};
-  run(x_src, r_src, weight, out, res, g, eps, rows_per_task, /*may_stream=*/true);
+  run(x_src, r_src, weight, out, res, g, eps, rows_per_task, /*may_stream=*/true, mode, offset);
   return {out, res};
 }
 
 // vLLM's fused_add_rms_norm contract: residual <- x + residual, x <- rmsnorm(new residual).
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu_(const at::Tensor& x,
-                                                     const at::Tensor& residual,
-                                                     const at::Tensor& weight, double eps,
-                                                     int64_t rows_per_task) {
+// It returns nothing: torch.compile can functionalize a mutating custom op only when no output
+// aliases an input (the Python wrapper returns x and residual).
+void add_rms_norm_cpu_(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                       double eps, int64_t rows_per_task, c10::string_view casting,
+                       double offset) {
   const char* op = "fusionlab::add_rms_norm_cpu_";
   check_arguments(op, x, residual, weight, eps, rows_per_task);
+  const Casting mode = parse_casting(casting, op);
   at::assert_no_internal_overlap(x);
   at::assert_no_internal_overlap(residual);
   at::assert_no_overlap(x, residual);
   if (x.numel() == 0) {
-    return {x, residual};
+    return;
   }
   const int64_t hidden = x.size(-1);
   const std::optional<int64_t> x_stride = uniform_row_stride(x);
@@ -187,14 +239,71 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu_(const at::Tensor& x,
     const Rows g{x.numel() / hidden, hidden, *x_stride, *r_stride, *x_stride, *r_stride};
     at::Tensor out = x, res = residual;
     // Plain stores: pass 1 has just pulled every line being written into the cache.
-    run(x, residual, weight, out, res, g, eps, rows_per_task, /*may_stream=*/false);
+    run(x, residual, weight, out, res, g, eps, rows_per_task, /*may_stream=*/false, mode, offset);
   } else {
     // Rows that no single stride reaches: compute out of place, then copy into the inputs.
-    auto [out, res] = add_rms_norm_cpu(x, residual, weight, eps, rows_per_task);
+    auto [out, res] = add_rms_norm_cpu(x, residual, weight, eps, rows_per_task, casting, offset);
     x.copy_(out);
     residual.copy_(res);
   }
-  return {x, residual};
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Pair = std::tuple<at::Tensor, at::Tensor>;
+
+const auto& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusionlab::add_rms_norm_cpu", "")
+          .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                      c10::string_view, double)>();
+  return op;
+}
+
+class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual, const at::Tensor& weight, double eps,
+                               int64_t rows_per_task, const std::string& casting, double offset,
+                               c10::DispatchKeySet below) {
+    ctx->save_for_backward({x, residual, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["round_sum"] = casting != "none";
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, res] =
+        forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting, offset);
+    return {out, res};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw.
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::add_rms_norm_backward", "")
+            .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                        const at::Tensor&, const at::Tensor&, double, double, bool)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_total, grad_weight] = backward_op.call(
+        grads[0], grads[1], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(),
+        ctx->saved_data["offset"].toDouble(), ctx->saved_data["round_sum"].toBool());
+    return {grad_total, grad_total, grad_weight, {}, {}, {}, {}, {}};
+  }
+};
+
+// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+Pair add_rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                               const at::Tensor& residual, const at::Tensor& weight, double eps,
+                               int64_t rows_per_task, c10::string_view casting, double offset) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, residual, weight)) {
+    return forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting,
+                                   offset);
+  }
+  variable_list outputs = AddRMSNormFunction::apply(x, residual, weight, eps, rows_per_task,
+                                                    std::string(casting), offset, below);
+  return {outputs[0], outputs[1]};
 }
 
 }  // namespace
@@ -202,12 +311,16 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu_(const at::Tensor& x,
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, float eps, "
-        "int rows_per_task) -> (Tensor, Tensor)");
+        "int rows_per_task, str casting=\"none\", float offset=0.0) -> (Tensor, Tensor)");
   m.def("add_rms_norm_cpu_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, "
-        "int rows_per_task) -> (Tensor(a!), Tensor(b!))");
+        "int rows_per_task, str casting=\"none\", float offset=0.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("add_rms_norm_cpu", &add_rms_norm_cpu);
   m.impl("add_rms_norm_cpu_", &add_rms_norm_cpu_);
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
+  m.impl("add_rms_norm_cpu", &add_rms_norm_cpu_autograd);
 }

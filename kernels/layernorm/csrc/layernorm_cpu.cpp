@@ -15,6 +15,7 @@
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -190,6 +191,55 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const a
   return y;
 }
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const auto& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusionlab::layer_norm_cpu", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                            int64_t)>();
+  return op;
+}
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps, int64_t rows_per_task,
+                            c10::DispatchKeySet below) {
+    ctx->save_for_backward({x, weight, bias});
+    ctx->saved_data["eps"] = eps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // Registered by kernels/norm_grads.py.
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::layer_norm_backward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                double)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight, grad_bias] = backward_op.call(
+        grads[0], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble());
+    return {grad_x, grad_weight, grad_bias, {}, {}, {}};
+  }
+};
+
+// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                   const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                   int64_t rows_per_task) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight, bias)) {
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task);
+  }
+  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, below);
+}
+
 }  // namespace
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
@@ -200,4 +250,8 @@ TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("layer_norm_cpu", &layer_norm_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
+  m.impl("layer_norm_cpu", &layer_norm_cpu_autograd);
 }

@@ -5,12 +5,14 @@
 #pragma once
 
 #include <ATen/Dispatch_v2.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -170,10 +172,12 @@ inline bool is_supported_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
 }
 
-// A 1-D parameter (weight, bias) as fp32: the tensor's own data when it is fp32 already, else
-// widened once into `storage`. It is tiny next to x, and one fp32 load in the hot loop is cheap.
-inline const float* widen_to_float(const at::Tensor& contiguous, std::vector<float>& storage) {
-  if (contiguous.scalar_type() == at::kFloat) {
+// A 1-D parameter (weight, bias) as fp32, plus `offset` (Gemma's `1 + weight`, added in fp32 as
+// Gemma does): the tensor's own data when it is fp32 already and offset is 0, else widened once
+// into `storage`. It is tiny next to x, and one fp32 load in the hot loop is cheap.
+inline const float* widen_to_float(const at::Tensor& contiguous, std::vector<float>& storage,
+                                   float offset = 0.f) {
+  if (contiguous.scalar_type() == at::kFloat && offset == 0.f) {
     return contiguous.const_data_ptr<float>();
   }
   const int64_t n = contiguous.numel();
@@ -181,10 +185,38 @@ inline const float* widen_to_float(const at::Tensor& contiguous, std::vector<flo
   AT_DISPATCH_V2(contiguous.scalar_type(), "fusionlab_widen_to_float", AT_WRAP([&] {
     const scalar_t* src = contiguous.const_data_ptr<scalar_t>();
     for (int64_t i = 0; i < n; ++i) {
-      storage[i] = static_cast<float>(src[i]);
+      storage[i] = static_cast<float>(src[i]) + offset;
     }
-  }), at::kBFloat16, at::kHalf);
+  }), at::kFloat, at::kBFloat16, at::kHalf);
   return storage.data();
+}
+
+// Rounds fp32 values to T and back (round to nearest even), as `.to(T)` between two ATen ops
+// does: how the "llama" casting mode rounds the normalised row before the weight multiply.
+template <typename T>
+inline void round_block(fVec& lo, fVec& hi) {
+  if constexpr (!std::is_same_v<T, float>) {
+    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(lo, hi));
+  }
+}
+
+template <typename T>
+inline float round_scalar(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+// Whether autograd must record this call: grad mode is on and some input requires grad.
+template <typename... Ts>
+inline bool needs_grad(const Ts&... tensors) {
+  return at::GradMode::is_enabled() && (tensors.requires_grad() || ...);
+}
+
+// The casting modes of fusionlab/numerics.py: "none" and "gemma" compute in fp32 and round once;
+// "llama" rounds the normalised row to x's dtype before multiplying by the weight.
+inline bool rounds_normed(c10::string_view casting, const char* op) {
+  TORCH_CHECK(casting == "none" || casting == "llama" || casting == "gemma", op,
+              ": casting must be none, llama or gemma, got ", casting);
+  return casting == "llama";
 }
 
 }  // namespace fusionlab_cpu

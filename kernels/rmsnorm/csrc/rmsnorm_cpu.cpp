@@ -1,21 +1,24 @@
 // RMSNorm over the last dim for CPU: y = x * rsqrt(mean(x^2) + eps) * weight.
 // Two passes per row (sum of squares, then scaled write), all arithmetic in fp32, one rounding on
-// store. Shared helpers (loads, stores, streaming, strides) are in cpu_norm_common.h.
+// store; with casting "llama" the normalised row is also rounded to x's dtype before the weight
+// multiply (HF LlamaRMSNorm), and `offset` is added to the weight (Gemma's 1 + weight). Shared helpers (loads, stores, streaming, strides) are in cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <string>
 
 namespace {
 
 using namespace fusionlab_cpu;
 
 // x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
-template <bool kStream, typename T>
+template <bool kStream, bool kRoundNormed, typename T>
 void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, float eps) {
   // Four independent accumulators keep several FMAs in flight instead of one dependent chain.
   fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
@@ -52,23 +55,31 @@ void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, 
     load_block(x + i, a, b);
     const fVec w_lo = fVec::loadu(w + i);
     const fVec w_hi = fVec::loadu(w + i + fVec::size());
-    store_block<kStream>(y + i, a * vinv * w_lo, b * vinv * w_hi);
+    fVec normed_lo = a * vinv, normed_hi = b * vinv;
+    if constexpr (kRoundNormed) {
+      round_block<T>(normed_lo, normed_hi);
+    }
+    store_block<kStream>(y + i, normed_lo * w_lo, normed_hi * w_hi);
   }
   for (; i < n; ++i) {
-    y[i] = static_cast<T>(static_cast<float>(x[i]) * inv_rms * w[i]);
+    float normed = static_cast<float>(x[i]) * inv_rms;
+    if constexpr (kRoundNormed) {
+      normed = round_scalar<T>(normed);
+    }
+    y[i] = static_cast<T>(normed * w[i]);
   }
 }
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
 // threads (none for rows <= rows_per_task).
-template <bool kStream, typename T>
+template <bool kStream, bool kRoundNormed, typename T>
 void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64_t rows,
                    int64_t hidden, float eps, int64_t rows_per_task) {
   at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * x_row_stride;
       const T* next = r + 1 < end ? row + x_row_stride : row;
-      rms_norm_row<kStream>(row, next, w, y + r * hidden, hidden, eps);
+      rms_norm_row<kStream, kRoundNormed>(row, next, w, y + r * hidden, hidden, eps);
     }
     if constexpr (kStream) {
       stream_fence();
@@ -77,7 +88,8 @@ void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64
 }
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps,
-                        int64_t rows_per_task) {
+                        int64_t rows_per_task, c10::string_view casting, double offset) {
+  const bool round_normed = rounds_normed(casting, "fusionlab::rms_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
               "fusionlab::rms_norm_cpu: x and weight must be CPU tensors, got ", x.device(),
               " and ", weight.device());
@@ -106,26 +118,85 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
 
   const at::Tensor w_in = weight.contiguous();
   std::vector<float> w_widened;
-  const float* w = widen_to_float(w_in, w_widened);
+  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
 
   const float eps_f = static_cast<float>(eps);
   AT_DISPATCH_V2(x.scalar_type(), "rms_norm_cpu", AT_WRAP([&] {
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes());
-    (stream ? rms_norm_rows<true, scalar_t> : rms_norm_rows<false, scalar_t>)(
-        x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task);
+    const auto rows_fn = round_normed
+        ? (stream ? rms_norm_rows<true, true, scalar_t> : rms_norm_rows<false, true, scalar_t>)
+        : (stream ? rms_norm_rows<true, false, scalar_t> : rms_norm_rows<false, false, scalar_t>);
+    rows_fn(x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The op as typed handles: the forward (redispatched below autograd) and its backward, which
+// kernels/norm_grads.py registers in torch ops.
+const auto& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusionlab::rms_norm_cpu", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t,
+                            c10::string_view, double)>();
+  return op;
+}
+
+class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            double eps, int64_t rows_per_task, const std::string& casting,
+                            double offset, c10::DispatchKeySet below) {
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["offset"] = offset;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::rms_norm_backward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, double, double)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight] =
+        backward_op.call(grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
+                         ctx->saved_data["offset"].toDouble());
+    return {grad_x, grad_weight, {}, {}, {}, {}, {}};
+  }
+};
+
+// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                 const at::Tensor& weight, double eps, int64_t rows_per_task,
+                                 c10::string_view casting, double offset) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight)) {
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset);
+  }
+  return RMSNormFunction::apply(x, weight, eps, rows_per_task, std::string(casting), offset,
+                                below);
 }
 
 }  // namespace
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task) -> Tensor");
+  m.def("rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task, "
+        "str casting=\"none\", float offset=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("rms_norm_cpu", &rms_norm_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
+  m.impl("rms_norm_cpu", &rms_norm_cpu_autograd);
 }
