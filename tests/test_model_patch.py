@@ -3,7 +3,6 @@ transformers models (Llama, GPT-2's LayerNorm, Gemma's `1 + weight`), real sweep
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import warnings
@@ -15,7 +14,6 @@ from conftest import PLUGINS, run_cli
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
-from fusionlab.model.patch import supports
 from fusionlab.registry import load_plugin, variants_of
 from fusionlab.report import export
 from fusionlab.report.tables import best_rows
@@ -51,6 +49,8 @@ def _winners(url: str, tmp: Path, op: str = "rmsnorm", **change: object) -> str:
     """A real winners file exported from the sweep, with fields changed (variant, device...)."""
     rows = best_rows(load_cells(open_storage(url, must_exist=True), op), "cold", None)
     data = json.loads(export.render(rows, "json", {"op": op, "storage": url}))
+    if "fastest" in change:  # the Dispatcher reads a row's variant; `fastest` is its label
+        change.setdefault("variant", change["fastest"])
     for row in data["rows"]:
         row.update(change)
     path = tmp / "winners.json"
@@ -169,9 +169,6 @@ def test_compiled_patched_model_has_no_graph_break_from_fusionlab(llama, tmp_pat
         handle.undo()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("fusionlab.numerics") is None,
-                    reason="the C++ kernels become custom ops with fake kernels in issue 14's "
-                    "kernels branch (fusionlab.numerics); runs once that is merged")
 def test_compiled_model_patched_with_cpp_has_no_graph_break(llama, tmp_path: Path) -> None:
     model, found, url = llama
     cpp = variants_of("rmsnorm")["cpp"]
@@ -198,19 +195,35 @@ def test_gpt2_layernorm_is_captured_swept_and_patched(tmp_path: Path) -> None:
     assert not _patched_anywhere(model)
 
 
-def test_gemma_one_plus_weight_is_detected_and_patched_only_if_a_variant_computes_it(
-    llama, tmp_path: Path
+@pytest.mark.parametrize(("name", "numerics"), [("gemma-tiny", ("gemma", 1.0)),
+                                               ("llama-tiny", ("llama", 0.0))])
+def test_bf16_norms_are_patched_with_their_own_numerics(
+    name: str, numerics: tuple[str, float], tmp_path: Path
 ) -> None:
-    _, _, url = llama
-    model = _model("gemma-tiny", torch.bfloat16)
+    """bf16 Gemma (`1 + weight`, fp32 throughout) and Llama (rounds before the weight multiply):
+    the numerics are captured, the C++ and naive kernels are built with them, and the logits
+    match the unpatched model's."""
+    model = _model(name, torch.bfloat16)
     found = capture(model, causal_lm_steps(model, TOKENS), repeats=3)
-    assert {(c.casting, c.offset) for c in found.calls} == {("gemma", 1.0)}
-    if any(supports(v, "bfloat16", "gemma", 1.0) for v in variants_of("rmsnorm").values()):
-        pytest.skip("a variant computes Gemma's numerics: covered by the patching tests")
-    winners = _winners(url, tmp_path, dtype="bfloat16", shape="1x8x64")
-    with pytest.raises(UserError, match="no rmsnorm variant computes its numerics") as error:
-        patch(model, found, winners=winners)
-    assert "\n" not in str(error.value) and not _patched_anywhere(model)
+    assert {(c.casting, c.offset) for c in found.calls} == {numerics}
+    url = f"sqlite:///{tmp_path / 'bf16.db'}"
+    shapes = ",".join(sorted({format_shape(c.shape) for c in found.calls}))
+    sweep("rmsnorm", shapes, "bfloat16", storage=url, quick=True, variants="naive,cpp")
+    reference = _logits(model)
+    handle = patch(model, found, storage=url)
+    assert {r.variant.split("(")[0] for r in handle.rows} <= {"naive", "cpp"}
+    assert len(handle.rows) == 6
+    for got, want in zip(_logits(model), reference, strict=True):
+        torch.testing.assert_close(got, want, atol=1.6e-2, rtol=1.6e-2)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+    handle.undo()
+    assert not _patched_anywhere(model)
+    # A winner that cannot round like Llama (torch.rms_norm rounds once) is not used.
+    if numerics[0] == "llama":
+        forced = _winners(url, tmp_path, fastest="builtin", params_values={})
+        with pytest.raises(UserError, match="builtin does not compute llama casting"):
+            patch(model, found, winners=forced)
+        assert not _patched_anywhere(model)
 
 
 class _Broken(torch.nn.Module):

@@ -84,10 +84,3 @@ def rms_norm_with(x: torch.Tensor, weight: torch.Tensor, eps: float, casting: st
     if casting == "llama":
         return (offset + weight) * h.to(x.dtype) if offset else weight * h.to(x.dtype)
     return (h * (offset + weight.float())).to(x.dtype)
-
-
-def numerics_object(casting: str, offset: float) -> object:
-    """The `fusionlab.numerics.Numerics` a variant is built with (issue 14's kernels side)."""
-    from fusionlab.numerics import Numerics  # type: ignore[import-not-found]
-
-    return Numerics(casting=casting, offset=offset)

@@ -16,14 +16,13 @@ from torch import nn
 
 from fusionlab.errors import UserError
 from fusionlab.model.capture import Capture, NormCall
-from fusionlab.model.norms import numerics_object
+from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.registry import Kernel, Variant, get_op, get_variant, variants_of
 from fusionlab.runtime import Choice, Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
 from fusionlab.shapes import DTYPES, format_shape
 
 MODES = ("inference", "training")
-_PURE_TORCH_KINDS = ("builtin", "baseline", "compiled")
 _FUSION_NOTE = (
     "not fused: the residual add happens inside the decoder layer's own forward; fusing it with "
     "the next norm (add_rmsnorm) needs that forward rewritten, which fusionlab does not do yet"
@@ -43,26 +42,19 @@ class PatchRow:
 
 
 def supports(variant: Variant, dtype: str, casting: str, offset: float) -> bool:
-    """Whether a variant computes a module's numerics: any variant in float32 without an offset
-    (the castings then round alike); else it must declare the casting mode."""
-    declared = getattr(variant, "numerics", ("none",))
-    if offset:
-        return casting in declared and declared != ("none",)
-    return dtype == "float32" or casting in declared
+    """Whether a variant computes a module's numerics: it declares them, or the module is float32
+    without an offset (every casting mode then rounds alike)."""
+    return variant.supports(Numerics(casting, offset)) or (dtype == "float32" and not offset)
 
 
 def build_kernel(variant: Variant, device_type: str, params: dict[str, Any], casting: str,
                  offset: float) -> Kernel:
-    """The variant's kernel, told the module's numerics when they are not the default."""
-    if (casting, offset) == ("none", 0.0) or getattr(variant, "numerics", ("none",)) == ("none",):
+    """The variant's kernel, told the module's numerics when it computes them; else (float32, no
+    offset: see `supports`) the kernel the sweep timed."""
+    numerics = Numerics(casting, offset)
+    if numerics == DEFAULT or not variant.supports(numerics):
         return variant.factory(device_type, **params)
-    return variant.factory(device_type, numerics=numerics_object(casting, offset), **params)
-
-
-def has_autograd(variant: Variant) -> bool:
-    """Declared by the variant; pure-torch lowerings have torch's autograd when undeclared."""
-    declared = getattr(variant, "autograd", None)
-    return declared if declared is not None else variant.kind in _PURE_TORCH_KINDS
+    return variant.factory(device_type, numerics=numerics, **params)
 
 
 class PatchedModule:
@@ -272,7 +264,7 @@ def resolver(entry: PatchedModule, dispatcher: Dispatcher,
                     f"{dtype}); leave {entry.op} out (ops=...) or add a variant that does"
                 )
             return keep(f"winner {choice.variant} does not compute {numerics} in {dtype}")
-        if mode == "training" and not has_autograd(variant):
+        if mode == "training" and not variant.autograd:
             raise UserError(
                 f"patch(mode='training'): {entry.op} winner {choice.variant} for {entry.path} "
                 "has no backward; patch for inference, or sweep variants that have one"
