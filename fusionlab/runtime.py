@@ -193,7 +193,7 @@ class Dispatcher:
         return reason
 
     def __call__(self, *inputs: object) -> Any:
-        first = inputs[0]
+        first = inputs[0] if inputs else None
         if self._keyed_by_first and isinstance(first, torch.Tensor):
             # torch.Size hashes as the tuple it is: one lookup, no tuple copy, on the hot path
             fast = (first.shape, first.dtype, first.device.type, torch.get_num_threads())

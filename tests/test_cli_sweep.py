@@ -61,7 +61,8 @@ def test_misbehaving_variants_are_recorded_and_never_win(swept) -> None:
                      r"[\d.]+ s more \(\+\d+%\)", output), output
     # How the cells ended, and what rounds beyond the minimum cost.
     assert re.search(r"[\d.]+ s of it in \d+ rounds beyond the first 5 of a cell \(budget 3 s "
-                     r"a cell\); cells: \d+ (faster|equivalent|inconclusive)", output), output
+                     r"a cell\), [\d.]+ s in the audit of every contender \(\+\d+% of the "
+                     r"search\); cells: \d+ (faster|equivalent|inconclusive)", output), output
 
 
 def test_rerun_resumes_without_measuring(swept) -> None:

@@ -17,7 +17,7 @@ def _compare_medians(output: str) -> dict[str, tuple[float, float]]:
     """variant -> (warm median ms, relative IQR) from compare's summary table."""
     found = {}
     for name, median, iqr in re.findall(
-        r"^(naive|builtin)\s+passed\s+\S+\s+([\d.e+-]+) ±(\d+)%", output, re.MULTILINE
+        r"^(naive|builtin)\s+passed\s+(?:\S+\s+)?([\d.e+-]+) ±(\d+)%", output, re.MULTILINE
     ):
         found[name] = (float(median), float(iqr) / 100)
     return found
@@ -29,7 +29,8 @@ def test_compare_and_sweep_agree_on_a_fixed_cell(tmp_path: Path) -> None:
                     "--storage", url, "--export", "rows.json", cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr[-2000:]
     (row,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
-    compared = run_cli("compare", *CELL, "--shape", SHAPE, "--dtype", DTYPE, cwd=tmp_path)
+    compared = run_cli("compare", *CELL, "--shape", SHAPE, "--dtype", DTYPE, "--wide",
+                       cwd=tmp_path)
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert "malloc fixed" in compared.stdout and "malloc fixed" in swept.stderr
     medians = _compare_medians(compared.stdout)
