@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import PLUGINS, cpu_cell
 
-from fusionlab.measure.rounds import RoundsTask
+from fusionlab.measure.rounds import RoundsTask, StopRule
 from fusionlab.measure.timing import TimedLoop, TimingSettings, time_calls
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
@@ -39,6 +39,11 @@ def worker():
         yield trial_worker
 
 
+def _rounds(count: int) -> StopRule:
+    """Exactly `count` interleaved rounds (the audit follows them whatever the count)."""
+    return StopRule(min_rounds=count, max_rounds=count)
+
+
 def _search_then_decision(worker: TrialWorker, variant: str, shape=(8, 256)) -> dict:
     """The search trial; if it passes, the cell's re-measurement rounds and audit beside the
     built-in, as a sweep runs them. Returns the variant's last outcome (status, message)."""
@@ -47,9 +52,9 @@ def _search_then_decision(worker: TrialWorker, variant: str, shape=(8, 256)) -> 
     if record["status"] != Status.PASSED.value:
         return record
     decided = {"cheat": record["timing"]["median_ms"]}
-    task = RoundsTask(cell, [("cheat", variant, {}), ("builtin", "builtin", {})], "warm", 2,
-                      timing=FAST, decided_ms=decided)
-    return worker.run(task, 600)["cheat"]
+    task = RoundsTask(cell, [("cheat", variant, {}), ("builtin", "builtin", {})], "warm",
+                      _rounds(2), timing=FAST, decided_ms=decided)
+    return worker.run(task, 600)["contenders"]["cheat"]
 
 
 @pytest.mark.parametrize(("group", "variant", "statuses"), CASES)
@@ -98,11 +103,12 @@ def test_which_calls_are_checked_differs_from_run_to_run() -> None:
 def test_an_audited_latency_much_slower_than_the_decided_one_is_inconsistent() -> None:
     """The decision used 1 us for the naive chain; the audit measures its real latency."""
     cell = cpu_cell("rmsnorm", (64, 1024))
-    task = RoundsTask(cell, [("naive", "naive", {})], "warm", 0, timing=FAST,
+    task = RoundsTask(cell, [("naive", "naive", {})], "warm", _rounds(0), timing=FAST,
                       decided_ms={"naive": 1e-3})
-    outcome = task.run()["naive"]
+    outcome = task.run()["contenders"]["naive"]
     assert outcome["status"] == Status.INCONSISTENT.value, outcome["message"]
-    fair = RoundsTask(cell, [("naive", "naive", {})], "warm", 0, timing=FAST).run()["naive"]
+    fair = RoundsTask(cell, [("naive", "naive", {})], "warm", _rounds(0),
+                      timing=FAST).run()["contenders"]["naive"]
     assert fair["status"] == Status.PASSED.value, fair["message"]
 
 
@@ -122,7 +128,7 @@ def test_honest_unusual_variants_pass_at_every_default_shape(dtype: str) -> None
 def test_honest_variants_pass_the_rounds_and_the_audit(dtype: str) -> None:
     cell = cpu_cell("rmsnorm", (32, 4096), dtype)
     contenders = [(name, name, {}) for name in [*HONEST, "builtin", "naive"]]
-    results = RoundsTask(cell, contenders, "warm", 2, timing=FAST).run()
+    results = RoundsTask(cell, contenders, "warm", _rounds(2), timing=FAST).run()["contenders"]
     for label, outcome in results.items():
         assert outcome["status"] == Status.PASSED.value, f"{label}: {outcome['message']}"
         assert outcome["audit_s"] > 0

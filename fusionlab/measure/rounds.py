@@ -48,7 +48,7 @@ class StopRule:
         done = len(quiet)
         if done < self.min_rounds:
             return None
-        if sum(quiet) >= self.min_rounds:
+        if done and sum(quiet) >= self.min_rounds:
             used = usable(rounds, quiet, self.min_rounds)
             _, versus, outcome = outcomes(
                 [Contender(label, "", None, samples) for label, samples in used.items()]
