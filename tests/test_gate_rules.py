@@ -14,7 +14,7 @@ import pytest
 from conftest import PLUGINS, cpu_cell
 
 from fusionlab.measure import trial
-from fusionlab.measure.limits import size_class
+from fusionlab.measure.limits import SLACK, size_class
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
@@ -81,14 +81,14 @@ def test_input_sets_changed_by_later_calls_with_right_outputs_are_incorrect() ->
     """Every output is right (RMSNorm ignores the scale of x), the first call leaves its inputs
     alone: only the input-set check after timing can see what the later calls did."""
     record = _trial("rb-scales-input-later")
-    _assert_status(record, Status.INCORRECT, "the calls modified input set(s)")
+    _assert_status(record, Status.INCORRECT, "changed during timing")
 
 
 def test_a_variant_that_changes_its_inputs_only_on_later_calls_is_incorrect() -> None:
     """It negates x after computing on calls 2, 3, ...: the first-call gate sees nothing."""
     record = _trial("rb-corrupts-input-later")
     assert record.status is Status.INCORRECT, record.message
-    assert "timed call" in record.message or "modified input set" in record.message
+    assert "timed call" in record.message or "changed during timing" in record.message
 
 
 # --- reused_memory ------------------------------------------------------------------------
@@ -102,7 +102,10 @@ def test_an_output_that_is_the_unchanged_input_is_reused_memory() -> None:
 
 def test_one_buffer_handed_out_on_every_call_is_reused_memory() -> None:
     record = _trial("rb-static-buffer")
-    _assert_status(record, Status.REUSED_MEMORY, "reuses the storage of an output")
+    assert record.status is Status.REUSED_MEMORY, record.message
+    # Caught at once by "still held by the variant", else by the shared-storage rule.
+    assert ("still held by the variant" in record.message
+            or "reuses the storage of an output" in record.message), record.message
 
 
 # --- stale_result -------------------------------------------------------------------------
@@ -119,8 +122,11 @@ def test_a_result_cached_by_input_address_is_stale() -> None:
 def test_bandwidth_beyond_the_devices_copy_is_suspicious() -> None:
     """An honest clone, measured against a spec that claims 10 000x the bytes it moves."""
     record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
-    _assert_status(record, Status.SUSPICIOUS, "flagged above 3x")
-    assert record.timing is not None  # it was timed, then refused
+    assert record.timing is not None  # it was timed, then judged
+    if record.status is Status.PASSED:  # the one way out: the limit was measured while busy
+        assert "that limit was measured while the machine was busy" in record.message
+        pytest.skip(f"the copy limit was measured on a busy machine: {record.message}")
+    _assert_status(record, Status.SUSPICIOUS, f"flagged above {SLACK:g}x")
 
 
 def test_work_the_profiler_cannot_see_is_suspicious() -> None:

@@ -72,8 +72,8 @@ def test_real_rounds_stop_when_decided() -> None:
     rounds = outcome["rounds"]
     for name, entry in outcome["contenders"].items():
         assert entry["status"] == Status.PASSED.value, (name, entry["message"])
-    if rounds["stopped"] == "decided":
-        assert rounds["run"] - rounds["disturbed"] == 3
+    if rounds["stopped"] == "decided":  # on at least the 3 quiet rounds the rule needs
+        assert rounds["run"] - rounds["disturbed"] >= 3
     else:  # a noisy machine: the rule went on, within its limits
         assert rounds["stopped"] in {"settled", "max rounds", "budget"}
 
