@@ -58,11 +58,6 @@ class Variant:
     autograd: bool = False
     numerics: tuple[str, ...] = ("none",)
 
-    @property
-    def simplicity(self) -> int:
-        """Rank in KINDS: lower is simpler."""
-        return KINDS.index(self.kind)
-
     def supports(self, numerics: Numerics) -> bool:
         """Whether the kernel can compute with these numerics (see the class docstring)."""
         if numerics == DEFAULT:
@@ -89,15 +84,6 @@ class Variant:
         for values in itertools.product(*choice_lists):
             yield dict(zip(names, values, strict=True))
 
-    def space_size(self) -> int | None:
-        """How many configurations the variant has, or None when its space is continuous."""
-        size = 1
-        for space in self.tunables.values():
-            choices = _choices(space)
-            if choices is None:
-                return None
-            size *= len(choices)
-        return size
 
 
 def _choices(space: TunableSpace) -> list[Choice] | None:

@@ -109,12 +109,7 @@ def test_profiler_kwargs_runtime_by_default_device_on_request(monkeypatch, tmp_p
     assert Path(temp.output_dir).is_dir() and temp.output_dir != str(tmp_path)
 
 
-def test_compile_cache_locations_and_cold_timeout():
-    defaults = neuron_profile.compile_cache_locations({})
-    assert defaults["NKI_COMPILE_CACHE_URL"].startswith("/var/tmp/nki-intermediate-cache-uid")
-    assert defaults["NEURON_COMPILE_CACHE_URL"] == "/var/tmp/neuron-compile-cache"
-    override = neuron_profile.compile_cache_locations({"NKI_COMPILE_CACHE_URL": "/cache"})
-    assert override["NKI_COMPILE_CACHE_URL"] == "/cache"
+def test_cold_compile_timeout_covers_a_neuron_compile():
     assert neuron_profile.COLD_COMPILE_TIMEOUT_S >= 300
 
 

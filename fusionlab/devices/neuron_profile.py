@@ -184,16 +184,3 @@ def device_time_per_call(profile_dir: str | os.PathLike[str], *,
     return DeviceTime(statistics.median(seconds), seconds, source)
 
 
-def compile_cache_locations(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """Where Neuron's persistent compile caches live (env override or documented default)."""
-    env = os.environ if environ is None else environ
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return {
-        "NKI_COMPILE_CACHE_URL": env.get("NKI_COMPILE_CACHE_URL",
-                                         f"/var/tmp/nki-intermediate-cache-uid{uid}"),
-        "TORCH_NEURONX_NEFF_CACHE_DIR": env.get("TORCH_NEURONX_NEFF_CACHE_DIR",
-                                                "system default (the profiling guide shows "
-                                                "/tmp/neff_cache)"),
-        "NEURON_COMPILE_CACHE_URL": env.get("NEURON_COMPILE_CACHE_URL",
-                                            "/var/tmp/neuron-compile-cache"),
-    }

@@ -208,29 +208,6 @@ class LimitsCache:
         key = self.key(limits.device_type, limits.dtype, limits.nbytes, limits.cold)
         self.entries[key] = limits
 
-    def get_or_measure(
-        self,
-        device_type: str,
-        dtype: torch.dtype,
-        nbytes: int,
-        synchronize: Callable[[], None],
-        cold: bool,
-        llc: int | None,
-    ) -> CopyLimits:
-        """The cached limits of this size class, measured at `nbytes` the first time."""
-        found = self.get(device_type, dtype, nbytes, cold)
-        if found is None:
-            found = measure_copy_limits(device_type, dtype, nbytes, synchronize, cold, llc)
-            self.put(found)
-        return found
-
-    def to_dict(self) -> dict[str, Any]:
-        return {key: limits.to_dict() for key, limits in self.entries.items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> LimitsCache:
-        return cls({key: CopyLimits.from_dict(value) for key, value in data.items()})
-
 
 def suspicious_reason(achieved_gbps: float, limits: CopyLimits, slack: float = SLACK) -> str | None:
     """Why `achieved_gbps` cannot be real on this device, or None when it is plausible."""

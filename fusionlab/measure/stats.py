@@ -47,7 +47,3 @@ def coefficient_of_variation(samples: list[float]) -> float:
     mean = statistics.fmean(samples)
     return statistics.stdev(samples) / mean if mean > 0 else 0.0
 
-
-def overlaps(a: Summary, b: Summary) -> bool:
-    """Whether two interquartile ranges overlap: then neither is clearly faster."""
-    return a.q1 <= b.q3 and b.q1 <= a.q3
