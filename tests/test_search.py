@@ -133,4 +133,5 @@ def test_the_closing_line_counts_outcomes_and_what_the_rounds_cost(tmp_path: Pat
     assert re.fullmatch(
         r"measured 2 configurations in [\d.]+ s; re-measuring 1 cells took [\d.]+ s more "
         r"\(\+\d+%\), [\d.]+ s of it in \d+ rounds beyond the first 5 of a cell \(budget 3 s a "
-        rf"cell\); cells: 1 {decision}", line or ""), line
+        r"cell\), [\d.]+ s in the audit of every contender \(\+\d+% of the search\); "
+        rf"cells: 1 {decision}", line or ""), line

@@ -43,7 +43,8 @@ def test_kernels_is_hugging_faces_and_a_llama_builds_beside_fusionlab(tmp_path: 
         print("swept", sorted({r.variant for cell in cells for r in cell.ranked()}))
     """ % (tmp_path / "r.db"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert str(ROOT) not in result.stdout.split("kernels from ")[1].splitlines()[0]
+    found = result.stdout.split("kernels from ")[1].splitlines()[0]
+    assert not found.startswith(str(ROOT / "kernels")), found  # a venv may sit inside the clone
     assert "swept ['builtin', 'naive']" in result.stdout
 
 
