@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
+import threading
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -95,13 +96,19 @@ class TrialWorker:
             args=(child, self._plugins, self._modules, self.log_path, self._threads),
             daemon=True,
         )
-        # Ctrl-C is the parent's to handle: blocked across the start, the child never sees it,
-        # not even during its interpreter's start-up (which would die of it with a traceback).
+        # Ctrl-C is the parent's to handle. The child starts with SIGINT ignored (an ignored
+        # signal stays ignored across exec, and Python then keeps it so), so a Ctrl-C during its
+        # interpreter's start-up cannot kill it with a traceback; blocked meanwhile here, a
+        # Ctrl-C reaches the parent once its own handler is back.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        main = threading.current_thread() is threading.main_thread()
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
             with allocator.applied(self._allocator):  # read by the new process at its start
                 process.start()
         finally:
+            if handler is not None:
+                signal.signal(signal.SIGINT, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
         if not parent.poll(_READY_TIMEOUT_S) or parent.recv() != "ready":
