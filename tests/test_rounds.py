@@ -104,7 +104,9 @@ def test_real_rounds_of_an_undecidable_cell_respect_the_budget() -> None:
     assert rounds["stopped"] == "budget", rounds
     assert 2 < rounds["run"] < 1000
     longest = max(window["wall_s"] for window in rounds["windows"])
-    assert rounds["elapsed_s"] <= budget + longest  # no round was started past the budget
+    # No round was started past the budget: what it took ends within one round of it, plus the
+    # rule's own bootstrap between rounds (a margin that holds on a loaded 2-core machine).
+    assert rounds["elapsed_s"] <= budget + longest + 0.5
     assert len(rounds["windows"]) == rounds["run"]
 
 
