@@ -101,12 +101,14 @@ def test_real_rounds_of_an_undecidable_cell_respect_the_budget() -> None:
     )
     outcome = task.run()
     rounds = outcome["rounds"]
-    assert rounds["stopped"] == "budget", rounds
+    # Two copies of one jittery kernel never decide; they may settle (every interval narrower
+    # than the threshold) before the budget on a quiet moment, else the budget stops them.
+    assert rounds["stopped"] in {"budget", "settled"}, rounds
     assert 2 < rounds["run"] < 1000
     longest = max(window["wall_s"] for window in rounds["windows"])
     # No round was started past the budget: what it took ends within one round of it, plus the
     # rule's own bootstrap between rounds (a margin that holds on a loaded 2-core machine).
-    assert rounds["elapsed_s"] <= budget + longest + 0.5
+    assert rounds["elapsed_s"] <= budget + longest + 1.0
     assert len(rounds["windows"]) == rounds["run"]
 
 
