@@ -101,9 +101,10 @@ def test_real_rounds_of_an_undecidable_cell_respect_the_budget() -> None:
     )
     outcome = task.run()
     rounds = outcome["rounds"]
-    # Two copies of one jittery kernel never decide; they may settle (every interval narrower
-    # than the threshold) before the budget on a quiet moment, else the budget stops them.
-    assert rounds["stopped"] in {"budget", "settled"}, rounds
+    # Two copies of one jittery kernel are rarely decided within 1.5 s: they may be found
+    # equivalent (decided) or settle (every interval narrower than the threshold) on a quiet
+    # moment; else the budget stops them. Whichever, the budget holds.
+    assert rounds["stopped"] in {"budget", "settled", "decided"}, rounds
     assert 2 < rounds["run"] < 1000
     longest = max(window["wall_s"] for window in rounds["windows"])
     # No round was started past the budget: what it took ends within one round of it, plus the
