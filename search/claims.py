@@ -15,7 +15,8 @@ Protocol (PostgreSQL through Optuna's RDBStorage, or a journal file through Jour
   sound because RDB numbers trials under a `FOR UPDATE` lock on the study row held until commit
   (`RDBStorage._create_new_trial`) and the journal numbers them in log order, so a lower-numbered
   twin is always visible to whoever popped a higher one. FAIL means "measured, failed": only
-  `Claim.finish(None)` writes it; every trial that measured nothing ends PRUNED.
+  `Claim.finish(None)` writes it; every trial that measured nothing ends PRUNED, a cell's
+  re-measurement included (`Claim.close`: its result is the cell's verdict attribute).
 * Leases, not Optuna's heartbeat: JournalStorage has no heartbeat in Optuna 5.1, and RDBStorage's
   `_get_stale_trial_ids` skips trials that never recorded one (a worker killed between the pop and
   its first beat would hold its claim forever). A RUNNING trial whose `lease_until` (or, before the
@@ -68,6 +69,7 @@ T = TypeVar("T")
 CONFIG = "config"
 WORKER = "worker"
 LEASE = "lease_until"
+CLOSED = "closed"  # why a claim that measured no configuration ended (PRUNED)
 LIVE = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL)
 _PLAN_CHUNK = 16  # configurations enqueued between re-reads, so concurrent planners see each other
 
@@ -239,23 +241,36 @@ class Claim:
 
     def finish(self, value: float | None, user_attrs: dict[str, Any] | None = None) -> bool:
         """Store the measurement (None: it failed) and end the claim; False if it was lost."""
-        self._end()
         state = TrialState.FAIL if value is None else TrialState.COMPLETE
-        values = None if value is None else [value]
+        return self._end_as(state, None if value is None else [value], user_attrs or {})
+
+    def close(self, why: str) -> bool:
+        """End a claim that measured no configuration PRUNED, with why: a cell's re-measurement
+        (its result is the cell's verdict) or one with nothing left to do. Bookkeeping is never
+        a failed trial of the search (optuna-dashboard shows FAIL as a failure)."""
+        return self._end_as(TrialState.PRUNED, None, {CLOSED: why})
+
+    def _end_as(
+        self, state: TrialState, values: list[float] | None, user_attrs: dict[str, Any]
+    ) -> bool:
+        self._end()
         try:
-            for name, attr in (user_attrs or {}).items():
+            for name, attr in user_attrs.items():
                 self.trial.set_user_attr(name, attr)
             # What study.tell does, less its two re-reads of the trial (a third of a claim's
             # cost); the sampler hook sees the trial as claimed, which its users never read.
             self.study.sampler.after_trial(self.study, frozen(self.trial), state, values)
             storage_of(self.study).set_trial_state_values(trial_id_of(self.trial), state, values)
         except UpdateFinishedTrialError:
-            # Only a claim's holder ends it COMPLETE or FAIL (a taker-over ends it PRUNED): a
-            # trial already in our state is our own write, landed before the connection broke.
-            stored = storage_of(self.study).get_trial(trial_id_of(self.trial)).state
-            self.lost = stored != state
+            # Only a claim's holder ends it COMPLETE or FAIL, or PRUNED with CLOSED (a taker-over
+            # ends it PRUNED without): a trial already so is our own write, landed before the
+            # connection broke.
+            stored = storage_of(self.study).get_trial(trial_id_of(self.trial))
+            ours = state is not TrialState.PRUNED or CLOSED in stored.user_attrs
+            self.lost = stored.state != state or not ours
         except StorageUnavailable as error:
-            what = "measurement" if value is not None or user_attrs else "result"
+            measured = state is not TrialState.PRUNED and (values is not None or user_attrs)
+            what = "measurement" if measured else "result"
             raise StorageUnavailable(
                 f"{error} (this worker's {what} of {self.key} could not be stored: the "
                 "configuration will be measured again on resume)"

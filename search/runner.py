@@ -335,8 +335,12 @@ class Sweep:
         result = self._result(cell)
         chosen = self._contenders(result)
         labels = [r.config_label() for r in chosen]
-        if store.verdict_key(mode, labels) != claim.key:  # the contenders changed meanwhile
-            claim.finish(None)
+        if store.verdict_key(mode, labels) != claim.key:
+            claim.close("the contenders changed meanwhile")
+            return
+        stored = result.verdicts.get(mode)
+        if stored is not None and stored.get("contenders") == labels:  # a twin decided it
+            claim.close("decided already")
             return
         # A lone contender gets no rounds, but its audit all the same (issue 15).
         rule = confirm.rule if len(chosen) > 1 else StopRule(min_rounds=0, max_rounds=0)
@@ -392,7 +396,9 @@ class Sweep:
                     f"{rounds['stopped']})"
                 )
             store.write_verdict(cell.study, mode, verdict)
-        claim.finish(None)
+            claim.close(f"re-measured: {verdict['decision']}")
+        else:
+            claim.finish(None)  # every contender failed its rounds or audit: a failed measurement
 
     def closing_line(self) -> str | None:
         """What this runner measured, what the re-measurement and its extra rounds cost, and how

@@ -4,8 +4,15 @@ off: no console errors, nothing fetched, the plots drawn."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import optuna
@@ -140,3 +147,53 @@ def test_bad_input_gets_one_line_and_writes_nothing(tmp_path: Path, storage_url:
         assert result.returncode == 2 and says in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "report.html").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _get_json(url: str, deadline: float) -> dict:
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                return json.loads(reply.read())
+        except (urllib.error.URLError, ConnectionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_optuna_dashboard_lists_named_objectives_and_no_failed_remeasurement(report) -> None:
+    """optuna-dashboard itself, on loopback, over the quick sweep's storage: every study names
+    its objective; its re-measurement is a PRUNED trial saying what it decided, and the only
+    FAIL trials are measurements that failed (the cheating variant's)."""
+    folder, _ = report
+    dashboard = Path(sys.executable).with_name("optuna-dashboard")
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(dashboard), f"sqlite:///{folder / 'results.db'}", "--host", "127.0.0.1",
+         "--port", str(port), "--quiet"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}/api/studies"
+        studies = _get_json(base, time.monotonic() + 60)["study_summaries"]
+        assert len(studies) == 2  # the two quick shapes
+        for summary in studies:
+            detail = _get_json(f"{base}/{summary['study_id']}", time.monotonic() + 30)
+            assert detail["objective_names"] == ["cold median latency (ms)"]
+            trials = [(t["state"], {a["key"]: a["value"] for a in t["user_attrs"]})
+                      for t in detail["trials"]]
+            remeasured = [(state, attrs) for state, attrs in trials
+                          if attrs.get("config", "").startswith("verdict:")]
+            assert remeasured and all(state == "Pruned" for state, _ in remeasured)
+            assert all(attrs["closed"].startswith("re-measured: ") for _, attrs in remeasured)
+            failed = [attrs for state, attrs in trials if state == "Fail"]
+            assert failed, "the cheating variant's measurement fails in every cell"
+            assert all(attrs["measured"].startswith("game-skip-after-first: ") for attrs in failed)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -54,7 +54,7 @@ def test_threads_are_applied_recorded_and_dispatched_on(tmp_path: Path,
             warnings.simplefilter("always")
             choice = dispatch.choose((4, 256), torch.float32, "cpu")
         assert choice.match == "fallback" and "1, 2 thread(s)" in choice.reason
-        assert "--threads 3" in str(caught[0].message)
+        assert any("--threads 3" in str(w.message) for w in caught)  # a GC'd connection warns too
     finally:
         torch.set_num_threads(before)
 
