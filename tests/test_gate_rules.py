@@ -113,7 +113,13 @@ def test_one_buffer_handed_out_on_every_call_is_reused_memory() -> None:
 
 def test_a_result_cached_by_input_address_is_stale() -> None:
     record = _trial("rb-cache-by-pointer")
-    _assert_status(record, Status.STALE_RESULT, "changed in place", "same address")
+    _assert_status(record, Status.STALE_RESULT, "changed in place", "answer to the old values")
+
+
+def test_a_wrong_answer_after_an_in_place_change_that_is_not_the_old_one_is_incorrect() -> None:
+    """Only the old answer is stale: other wrong values after the change are `incorrect`."""
+    record = _trial("rb-garbage-after-refill")
+    _assert_status(record, Status.INCORRECT, "after all its input values changed in place")
 
 
 # --- suspicious ---------------------------------------------------------------------------

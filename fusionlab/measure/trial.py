@@ -233,6 +233,7 @@ def check_sets_unchanged(m: Measured, count: int, when: str) -> None:
 
 
 def _copy_outputs(out: object) -> object:
+    """A copy of a kernel's outputs, or of an input tuple: tensors cloned, the rest as is."""
     if isinstance(out, (tuple, list)):
         return tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in out)
     return out.clone() if isinstance(out, torch.Tensor) else out
@@ -241,32 +242,49 @@ def _copy_outputs(out: object) -> object:
 def check_follows_new_values(m: Measured) -> None:
     """New values written into the same tensors (same address, same version counter) must give
     the new answer: all values at once, then one element far from the start (a kernel that
-    hashes part of its input to reuse results misses it)."""
+    hashes part of its input to reuse results misses it). A wrong answer that is the answer to
+    the values before the change is `stale_result`; any other wrong answer is `incorrect`."""
     target = m.sets.sets[0]
-    saved = tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in target)
+    saved = _copy_outputs(target)
     # New values from a seed no variant can know, at a place no variant can know.
     fresh = m.spec.make_inputs(m.sets.shape, m.sets.dtype, m.sets.device, draw(2**31))
     try:
         refill_in_place(target, fresh)
-        _check_new_answer(m, target, "after all its input values changed in place")
+        _check_new_answer(m, target, saved, "after all its input values changed in place")
         first = tensors_in(target)[0]
         flat = first.data.view(-1) if first.is_contiguous() else None
         if flat is not None and flat.numel() > 1:
+            # An in-place variant has written its outputs into the inputs since `fresh`.
+            before = _copy_outputs(target) if m.variant.inplace else fresh
             index = flat.numel() - 1 - draw(max(flat.numel() // 2, 1))
             flat[index] = flat[index] * -2 + 1
-            _check_new_answer(m, target, f"after one value (flat index {index}) changed in place")
+            when = f"after one value (flat index {index}) changed in place"
+            _check_new_answer(m, target, before, when)
     finally:
         refill_in_place(target, saved)
 
 
-def _check_new_answer(m: Measured, inputs: tuple[object, ...], when: str) -> None:
+def _check_new_answer(
+    m: Measured, inputs: tuple[object, ...], before: tuple[object, ...], when: str
+) -> None:
     references = m.spec.reference(inputs)
+    outputs = m.spec.as_outputs(m.kernel(*inputs))
     try:
-        check_values(m.spec.as_outputs(m.kernel(*inputs)), references, m.spec, m.like, m.tolerance)
+        check_values(outputs, references, m.spec, m.like, m.tolerance)
     except GateFailure as failure:
-        raise GateFailure(
-            Status.STALE_RESULT, f"{when} (same tensor, same address): {failure}"
-        ) from None
+        if _answers(m, outputs, before):
+            message = f"{when} (same tensor, same address), it gave the answer to the old values"
+            raise GateFailure(Status.STALE_RESULT, f"{message}: {failure}") from None
+        raise GateFailure(Status.INCORRECT, f"{when}: {failure}") from None
+
+
+def _answers(m: Measured, outputs: tuple[object, ...], inputs: tuple[object, ...]) -> bool:
+    """Whether `outputs` are the right answer to `inputs` (values the variant saw earlier)."""
+    try:
+        check_values(outputs, m.spec.reference(inputs), m.spec, m.like, m.tolerance)
+    except GateFailure:
+        return False
+    return True
 
 
 def copy_limit(

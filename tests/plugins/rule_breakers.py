@@ -145,6 +145,21 @@ def cache_by_pointer(device_type: str):
     return kernel
 
 
+@register_variant("rmsnorm", "rb-garbage-after-refill", devices=CPU)
+def garbage_after_refill(device_type: str):
+    """Right on every input set as generated; when a tensor it has seen comes back with other
+    values (same address), it hands back a wrong answer that is not the old one either."""
+    seen: dict[int, float] = {}
+
+    def kernel(x, weight, eps):
+        key, total = x.data_ptr(), float(x.double().sum())
+        if seen.setdefault(key, total) != total:
+            return torch.full_like(x, 7.0)
+        return naive_rmsnorm(x, weight, eps)
+
+    return kernel
+
+
 @register_variant("rmsnorm", "rb-static-buffer", devices=CPU)
 def static_buffer(device_type: str):
     """Right values, written into one buffer it hands out on every call."""
