@@ -22,6 +22,9 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from fusionlab.report.tables import display_rows
+from fusionlab.results import WinnersFile
+
 
 def _children_cpu_s() -> float:
     times = os.times()
@@ -34,6 +37,7 @@ def _hogs(on: bool) -> list[subprocess.Popen]:
 
 
 def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict], float, float]:
+    """One sweep's rows as the tables show them, its wall time and its children's CPU time."""
     url = f"sqlite:///{folder / f'run{index}.db'}"
     out = folder / f"run{index}.json"
     start, cpu = time.perf_counter(), _children_cpu_s()
@@ -57,7 +61,7 @@ def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    rows = json.loads(out.read_text())["rows"]
+    rows = display_rows(WinnersFile.from_dict(json.loads(out.read_text())).rows, op)
     return rows, time.perf_counter() - start, _children_cpu_s() - cpu
 
 
@@ -75,7 +79,7 @@ def main() -> int:
             for index in range(args.runs):
                 rows, seconds, cpu = _run(args.op, Path(name), index, args.extra)
                 runs.append(rows)
-                unsure = sum(row.get("decision") == "inconclusive" for row in rows)
+                unsure = sum(row["decision"] == "inconclusive" for row in rows)
                 summary.append(f"run {index + 1}: wall {seconds:.1f} s, CPU {cpu:.1f} s, "
                                f"{unsure} of {len(rows)} cells inconclusive")
                 print(summary[-1], file=sys.stderr)
@@ -86,7 +90,7 @@ def main() -> int:
     table, flagged = [], 0
     for cells in zip(*runs, strict=True):
         winners = {row["fastest"] for row in cells}
-        claimed = {row["fastest"] for row in cells if row.get("decision") == "faster"}
+        claimed = {row["fastest"] for row in cells if row["decision"] == "faster"}
         bad = len(claimed) > 1
         flagged += bad
         table.append(
@@ -94,7 +98,7 @@ def main() -> int:
                 cells[0]["shape"],
                 cells[0]["dtype"],
                 *(
-                    f"{r['fastest']} {r.get('ratio') or ''} {r.get('decision') or ''}"
+                    f"{r['fastest']} {r['runner-up/winner [95% CI]']} {r['decision']}"
                     for r in cells
                 ),
                 "CONTRADICTION" if bad else ("same" if len(winners) == 1 else "differs, unclaimed"),

@@ -6,7 +6,8 @@ from typing import Any
 
 from fusionlab.plan import make_plan
 from fusionlab.registry import get_op
-from fusionlab.search.results_store import CellResult, load_cells
+from fusionlab.results import CellResult
+from fusionlab.search.results_store import load_cells
 from fusionlab.search.runner import Progress, Sweep
 from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
 

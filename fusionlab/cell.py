@@ -6,10 +6,11 @@ different hardware or toolchains never share a cell.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from fusionlab.op import Shape
+from fusionlab.schema import Stored, parse
 from fusionlab.shapes import format_shape
 
 
@@ -20,7 +21,7 @@ def device_label(device_name: str, threads: int, allocator: str) -> str:
 
 
 @dataclass(frozen=True)
-class Cell:
+class Cell(Stored):
     """(op, device, hardware, toolchain, shape, dtype) and, on the CPU, the thread count the
     op ran with (0 elsewhere: a GPU or NeuronCore kernel does not depend on host threads) and
     the host allocator setting (measure/allocator.py; "" elsewhere or when not recorded)."""
@@ -44,21 +45,7 @@ class Cell:
         """The hardware, with the thread count and allocator where they are part of the cell."""
         return device_label(self.device_name, self.threads, self.allocator)
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["shape"] = list(self.shape)
-        return data
-
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Cell:
-        return cls(
-            op=data["op"],
-            device=data["device"],
-            device_name=data["device_name"],
-            shape=tuple(data["shape"]),
-            dtype=data["dtype"],
-            toolchain_id=data.get("toolchain_id", ""),
-            toolchain=dict(data.get("toolchain", {})),
-            threads=int(data.get("threads", 0)),
-            allocator=data.get("allocator", ""),
-        )
+    def from_dict(cls, data: Any) -> Cell:
+        """A cell's attribute carries no schema version: fields it does not know are dropped."""
+        return parse(cls, data, strict=False)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import torch
+from optuna.storages import BaseStorage
 from tabulate import tabulate
 
 from fusionlab import plan as planning
@@ -18,8 +19,10 @@ from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, fit, investigate
 from fusionlab.report.progress import SweepProgress
 from fusionlab.report.tables import best_rows, terminal_table
+from fusionlab.results import CellResult, WinnersFile
+from fusionlab.schema import user_facing
 from fusionlab.search.claims import worker_name
-from fusionlab.search.results_store import CellResult, load_cells
+from fusionlab.search.results_store import load_cells
 from fusionlab.search.runner import Sweep
 from fusionlab.search.storage import DEFAULT_STORAGE, describe, is_parallel_safe, open_storage
 from fusionlab.search.workers import (
@@ -78,9 +81,7 @@ def print_table(
     rows = best_rows(cells, mode, calls)
     text, left_out = terminal_table(rows, op, width, wide, chosen, with_device=len(devices) > 1)
     print(text)
-    notes = [
-        f"  {row['shape']} {row['dtype']}: {row['reason']}" for row in rows if row.get("reason")
-    ]
+    notes = [f"  {row.shape} {row.dtype}: {row.reason}" for row in rows if row.reason]
     for cell in cells:
         notes.extend(
             f"  failed: {cell.cell.label} {record.config_label()}: "
@@ -188,11 +189,9 @@ def sweep(args: argparse.Namespace) -> int:
     print()
     print_table(cells, args.op, plan.rank_by, plan.calls, args.wide, args.columns)
     if args.export:
-        meta = {"op": args.op, "storage": url, "ranked_by": plan.rank_by}
-        export.write(
-            args.export,
-            export.render(best_rows(cells, plan.rank_by, plan.calls), export_format, meta),
-        )
+        rows = best_rows(cells, plan.rank_by, plan.calls)
+        winners = WinnersFile(args.op, rows, ranked_by=plan.rank_by, storage=url)
+        export.write(args.export, export.render(winners, export_format))
         say(f"wrote {args.export}")
     if runner.interrupted:
         say("interrupted: everything measured so far is stored; run the same command to resume")
@@ -260,9 +259,16 @@ def _check_calls(calls: int | None) -> None:
         raise UserError(f"--calls must be at least 1 (got {calls})")
 
 
+def _stored_cells(storage: BaseStorage, url: str, op: str) -> list[CellResult]:
+    """The stored cells of an op; data this fusionlab cannot read is said in one line."""
+    with user_facing(f"results in {url}"):
+        return load_cells(storage, op)
+
+
 def status_command(args: argparse.Namespace) -> int:
     storage = open_storage(args.storage, must_exist=True, read_only=True)
-    rows = status_rows(storage, args.op)
+    with user_facing(f"results in {args.storage}"):
+        rows = status_rows(storage, args.op)
     if args.op is not None and not rows:
         planning.load_user_variants(())
         get_op(args.op)  # an op no stored sweep names, and none registered here: a typo
@@ -300,10 +306,9 @@ def export_command(args: argparse.Namespace) -> int:
     storage = open_storage(url, must_exist=True, read_only=True)
     if args.output:
         export.check_writable(args.output)
-    cells = load_cells(storage, args.op)
+    cells = _stored_cells(storage, url, args.op)
     for note in _stale_notes(cells, args.op):
         say(f"note: {note}")
-    meta = {"op": args.op, "storage": url, "ranked_by": args.rank_by}
     rows = best_rows(cells, args.rank_by, args.calls)
     if not args.output and args.format is None:  # for reading: Markdown that fits the terminal
         devices = sorted({cell.cell.device_name for cell in cells})
@@ -316,7 +321,7 @@ def export_command(args: argparse.Namespace) -> int:
         if left_out:
             say("more columns: --wide, --columns A,B,C, or --format md for every column")
         return 0
-    text = export.render(rows, fmt, meta)
+    text = export.render(WinnersFile(args.op, rows, ranked_by=args.rank_by, storage=url), fmt)
     if args.output:
         export.write(args.output, text)
         say(f"wrote {args.output} ({len(cells)} rows)")
@@ -392,7 +397,7 @@ def report_command(args: argparse.Namespace) -> int:
         investigate.prepare_folder(args.plots, "plots dir")
     planning.load_user_variants(args.plugin)
     get_op(args.op)
-    cells = load_cells(open_storage(url, must_exist=True), args.op)
+    cells = _stored_cells(open_storage(url, must_exist=True), url, args.op)
     if not cells:
         raise UserError(f"no results of {args.op} in {url}: run `fusionlab sweep {args.op}` first")
     for note in _stale_notes(cells, args.op):
@@ -423,4 +428,5 @@ def run(args: argparse.Namespace) -> int:
         "bench-model": model_commands.bench_model_command,
         "report": report_command,
     }
-    return handlers[args.command](args)
+    with user_facing("stored results"):  # whatever command reads data it cannot understand
+        return handlers[args.command](args)

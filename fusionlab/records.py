@@ -1,13 +1,14 @@
-"""Plain, serialisable result records shared by the runner, the tables and the exports."""
+"""Trial records: what one measured (variant, params) gave, in the result schema (schema.py)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from fusionlab.cell import Cell
+from fusionlab.schema import Stored, Versioned
 
 
 class Status(str, Enum):
@@ -29,7 +30,7 @@ RANK_MODES = ("cold", "warm")
 
 
 @dataclass
-class Timing:
+class Timing(Stored):
     """Per-call latency in ms from many synchronised samples; raw samples kept."""
 
     median_ms: float
@@ -48,7 +49,7 @@ class Timing:
 
 
 @dataclass
-class Fusion:
+class Fusion(Stored):
     """Fusion accounting for one call, read off the profiler's events (medians over calls)."""
 
     source: str
@@ -76,7 +77,7 @@ class Fusion:
 
 
 @dataclass
-class Accuracy:
+class Accuracy(Stored):
     """Worst error against the float64 reference and the tolerance it was held to."""
 
     max_abs_err: float
@@ -87,7 +88,7 @@ class Accuracy:
 
 
 @dataclass
-class CopyLimits:
+class CopyLimits(Stored):
     """Copy bandwidths (GB/s, read + write) of one (device, dtype, size) and how they were made:
     `clone` gets a fresh output (allocation included), `copy_` writes an existing buffer."""
 
@@ -108,17 +109,12 @@ class CopyLimits:
         """The faster of the two copies: the most this device was seen to move at this size."""
         return max(self.clone_gbps, self.copy_gbps)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CopyLimits:
-        return cls(**data)
-
 
 @dataclass
-class TrialRecord:
+class TrialRecord(Versioned):
     """One measured (variant, params) in one cell."""
+
+    noun = "trial record"
 
     cell: Cell
     variant: str
@@ -194,27 +190,5 @@ class TrialRecord:
         inner = ", ".join(f"{k}={v}" for k, v in self.params.items())
         return f"{self.variant}({inner})" if inner else self.variant
 
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = self.status.value
-        data["cell"] = self.cell.to_dict()
-        return data
-
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialRecord:
-        data = dict(data)
-        data["status"] = Status(data["status"])
-        data["cell"] = Cell.from_dict(data["cell"])
-        for name, kind in (
-            ("timing", Timing),
-            ("cold", Timing),
-            ("fusion", Fusion),
-            ("accuracy", Accuracy),
-        ):
-            if data.get(name) is not None:
-                data[name] = kind(**data[name])
-        data["limits"] = {k: CopyLimits(**v) for k, v in (data.get("limits") or {}).items()}
-        return cls(**data)

@@ -1,7 +1,8 @@
 """Use the winners at runtime: dispatch each call to the winning variant for its key.
 
 Winners come from an Optuna storage or from a winners file written by `fusionlab export
---format json`, which needs no database; the decision is the tables' (report/winners.py)."""
+--format json` (results.WinnersFile), which needs no database; the decision is the tables'
+(report/winners.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from fusionlab.op import key_of_first_input
 from fusionlab.plan import installed_toolchain
 from fusionlab.records import RANK_MODES
 from fusionlab.registry import Kernel, get_op, get_variant
-from fusionlab.report.export import WINNERS_VERSION
 from fusionlab.report.winners import cell_winner
+from fusionlab.results import Decision, WinnersFile
+from fusionlab.schema import user_facing
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
 from fusionlab.shapes import DTYPES, parse_shape
@@ -32,13 +34,13 @@ class Choice:
     """What a key dispatches to (`exact`, `nearest`, or `fallback`), and why when it falls back.
 
     decision: how sure the sweep was of the winner (`faster`, `equivalent`, `inconclusive`, ...;
-    see report/verdict.py); empty for a fallback."""
+    see results.Decision); None for a fallback."""
 
     variant: str
     params: dict[str, Any]
     match: str
     reason: str = ""
-    decision: str = ""
+    decision: Decision | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class _Entry:
     variant: str
     params: dict[str, Any]
     toolchain: dict[str, str]
-    decision: str = ""
+    decision: Decision | None = None
 
 
 class Dispatcher:
@@ -72,7 +74,10 @@ class Dispatcher:
         if winners is not None:
             self._load_winners_file(winners)
         else:
-            for cell in load_cells(open_storage(storage, must_exist=True), op):
+            opened = open_storage(storage, must_exist=True)
+            with user_facing(f"results in {storage}"):
+                cells = load_cells(opened, op)
+            for cell in cells:
                 winner = cell_winner(cell, rank_by, allow_inplace=allow_inplace)
                 if winner is not None:
                     self._add(
@@ -97,48 +102,32 @@ class Dispatcher:
 
     def _load_winners_file(self, path: str) -> None:
         """Winners from `fusionlab export --format json`. A row names its winner by `variant`
-        (its `fastest` is the display label, e.g. `cpp-inplace (in place)`); an in-place winner
-        gives way to the row's best out-of-place one unless `allow_inplace`."""
+        (its `label` is how tables show it, e.g. `cpp-inplace (in place)`); an in-place winner
+        gives way to the row's best out-of-place one unless `allow_inplace`. A version 1 file
+        (written before the schema had a version) is migrated as it is read; a file from a
+        newer fusionlab is refused."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            if data["meta"]["op"] != self.spec.name:
-                raise UserError(
-                    f"{path!r} holds winners of {data['meta']['op']!r}, not {self.spec.name!r}"
-                )
-            version = data["meta"].get("version", 1)
-            if not isinstance(version, int) or version > WINNERS_VERSION:
-                raise UserError(
-                    f"winners file {path!r} has format version {version!r}; this fusionlab "
-                    f"reads up to {WINNERS_VERSION}: upgrade fusionlab or export it again"
-                )
-            for row in data["rows"]:
-                if row.get("params_values") is None:
-                    continue  # nothing passed in that cell
-                variant, params = row["variant"], row["params_values"]
-                if row.get("inplace") and not self._allow_inplace:
-                    keeps_inputs = row.get("out_of_place")
-                    if keeps_inputs is None:
-                        continue  # only variants that overwrite their inputs passed
-                    variant, params = keeps_inputs["variant"], keeps_inputs["params"]
-                if not isinstance(variant, str) or not isinstance(params, dict):
-                    raise TypeError(f"row {row.get('shape')!r} names no variant and params")
-                self._add(
-                    row["device"],
-                    int(row.get("threads") or 0),
-                    row["dtype"],
-                    _Entry(
-                        parse_shape(row["shape"]),
-                        variant,
-                        dict(params),
-                        dict(row.get("toolchain") or {}),
-                        row.get("decision") or "",
-                    ),
-                )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        except (OSError, ValueError) as error:
             raise UserError(
                 f"winners file {path!r} is unreadable ({type(error).__name__}: {error}); "
                 "write it with `fusionlab export OP --format json -o FILE`"
             ) from None
+        with user_facing(repr(path)):
+            winners = WinnersFile.from_dict(data)
+        if winners.op != self.spec.name:
+            raise UserError(f"{path!r} holds winners of {winners.op!r}, not {self.spec.name!r}")
+        for row in winners.rows:
+            if row.variant is None or row.params is None:
+                continue  # nothing passed in that cell
+            variant, params = row.variant, row.params
+            if row.inplace and not self._allow_inplace:
+                if row.out_of_place is None:
+                    continue  # only variants that overwrite their inputs passed
+                variant, params = row.out_of_place.variant, row.out_of_place.params
+            entry = _Entry(parse_shape(row.shape), variant, dict(params), dict(row.toolchain),
+                           row.decision)
+            self._add(row.device, row.threads, row.dtype, entry)
 
     def _check_toolchain(self, entry: _Entry, device_type: str) -> None:
         installed = installed_toolchain(self.spec.name, device_type)

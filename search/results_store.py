@@ -1,12 +1,12 @@
 """The storage format, in one place: study names, the attributes a cell and its trials carry,
-and reading cells back. Everything else reads and writes results through this module."""
+and reading cells back as the schema's typed results (fusionlab/results.py). Everything else
+reads and writes results through this module."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -15,6 +15,8 @@ from optuna.trial import FrozenTrial
 
 from fusionlab.cell import Cell
 from fusionlab.records import TrialRecord
+from fusionlab.results import CellResult, Verdict
+from fusionlab.schema import SchemaError
 from fusionlab.shapes import format_shape
 
 CELL_ATTR = "cell"
@@ -100,66 +102,32 @@ def write_rejected(trial: optuna.Trial, reason: str) -> None:
     trial.set_user_attr(REJECTED_ATTR, reason)
 
 
-def write_verdict(study: optuna.Study, mode: str, verdict: dict[str, Any]) -> None:
+def write_verdict(study: optuna.Study, mode: str, verdict: Verdict) -> None:
     stored = dict(study.user_attrs.get(VERDICT_ATTR, {}))
-    stored[mode] = verdict
+    stored[mode] = verdict.to_dict()
     study.set_user_attr(VERDICT_ATTR, stored)
 
 
-@dataclass
-class CellResult:
-    """Every record measured in one cell, and the re-measured verdicts."""
-
-    cell: Cell
-    records: list[TrialRecord] = field(default_factory=list)
-    rejected: int = 0
-    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    def ranked(self, mode: str = "cold") -> list[TrialRecord]:
-        """Passing records, fastest first by the rank mode's median; failures never appear."""
-        passing = [r for r in self.records if r.passed]
-        return sorted(passing, key=lambda r: r.latency_ms(mode) or float("inf"))
-
-    def best_per_variant(self, mode: str = "cold") -> dict[str, TrialRecord]:
-        best: dict[str, TrialRecord] = {}
-        for record in self.ranked(mode):
-            best.setdefault(record.variant, record)
-        return best
-
-    def failures(self) -> list[TrialRecord]:
-        return [r for r in self.records if not r.passed]
-
-    def only(self, variants: list[str] | None) -> CellResult:
-        """This cell as one sweep asked for it: the records of its variants (None: all) and
-        the verdicts among them alone."""
-        if variants is None:
-            return self
-        records = [r for r in self.records if r.variant in variants]
-        labels = {r.config_label() for r in records}
-        verdicts = {
-            mode: verdict
-            for mode, verdict in self.verdicts.items()
-            if set(verdict.get("contenders", [])) <= labels
-        }
-        return CellResult(self.cell, records, self.rejected, verdicts)
-
-    def record_of(self, label: str) -> TrialRecord | None:
-        return next((r for r in self.records if r.config_label() == label), None)
+def verdicts_of(attrs: dict[str, Any]) -> dict[str, Verdict]:
+    """A cell's stored verdicts by rank mode."""
+    return {mode: Verdict.from_dict(data) for mode, data in attrs.get(VERDICT_ATTR, {}).items()}
 
 
 def cell_from_study(attrs: dict[str, Any], trials: list[FrozenTrial]) -> CellResult | None:
-    """A CellResult from a study's attributes and trials; None for a study that is not a cell."""
+    """A CellResult from a study's attributes and trials; None for a study that is not a cell.
+    Data that does not fit the schema raises SchemaError, naming the trial."""
     if CELL_ATTR not in attrs:
         return None
-    result = CellResult(
-        Cell.from_dict(attrs[CELL_ATTR]), verdicts=dict(attrs.get(VERDICT_ATTR, {}))
-    )
+    result = CellResult(Cell.from_dict(attrs[CELL_ATTR]), verdicts=verdicts_of(attrs))
     for trial in trials:
         user = trial.user_attrs
         if REJECTED_ATTR in user:
             result.rejected += 1
         elif RECORD_ATTR in user:
-            result.records.append(TrialRecord.from_dict(user[RECORD_ATTR]))
+            try:
+                result.records.append(TrialRecord.from_dict(user[RECORD_ATTR]))
+            except SchemaError as error:
+                raise SchemaError(f"trial {trial.number}: {error}") from None
     return result
 
 
@@ -180,7 +148,11 @@ def load_cells(storage: BaseStorage, op: str) -> list[CellResult]:
         if study.user_attrs.get(CELL_ATTR, {}).get("op") != op:
             continue
         study_id = storage.get_study_id_from_name(study.study_name)
-        result = cell_from_study(study.user_attrs, storage.get_all_trials(study_id, deepcopy=False))
+        trials = storage.get_all_trials(study_id, deepcopy=False)
+        try:
+            result = cell_from_study(study.user_attrs, trials)
+        except SchemaError as error:
+            raise SchemaError(f"study {study.study_name!r}, {error}") from None
         if result is not None:
             cells.append(result)
     return cells

@@ -27,11 +27,11 @@ from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
-from fusionlab.report.verdict import EQUIVALENT, FASTER, INCONCLUSIVE, ONLY, Contender, decide
-from fusionlab.report.winners import first_use_by_variant, verdict_decision
+from fusionlab.report.verdict import Contender, decide
+from fusionlab.report.winners import first_use_by_variant
+from fusionlab.results import OUTCOMES, CellResult
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
-from fusionlab.search.results_store import CellResult
 from fusionlab.search.space import CellSpace, make_config
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -323,7 +323,7 @@ class Sweep:
         result = self._result(cell)
         labels = [r.config_label() for r in self._contenders(result)]
         stored = result.verdicts.get(self.plan.rank_by)
-        if not labels or (stored is not None and stored.get("contenders") == labels):
+        if not labels or (stored is not None and stored.contenders == labels):
             return None
         return store.verdict_key(self.plan.rank_by, labels)
 
@@ -339,7 +339,7 @@ class Sweep:
             claim.close("the contenders changed meanwhile")
             return
         stored = result.verdicts.get(mode)
-        if stored is not None and stored.get("contenders") == labels:  # a twin decided it
+        if stored is not None and stored.contenders == labels:  # a twin decided it
             claim.close("decided already")
             return
         # A lone contender gets no rounds, but its audit all the same (issue 15).
@@ -386,17 +386,17 @@ class Sweep:
                 )
             )
         if contenders:
-            verdict = decide(contenders).to_dict()
-            verdict["contenders"] = labels
-            verdict["rounds"] = {k: v for k, v in rounds.items() if k != "windows"}
+            verdict = decide(contenders)
+            verdict.contenders = labels
+            verdict.rounds = {k: v for k, v in rounds.items() if k != "windows"}
             if rounds.get("disturbed"):
-                verdict["reason"] += (
+                verdict.reason += (
                     f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
                     f"other processes, each measured again while the budget lasted (stopped: "
                     f"{rounds['stopped']})"
                 )
             store.write_verdict(cell.study, mode, verdict)
-            claim.close(f"re-measured: {verdict['decision']}")
+            claim.close(f"re-measured: {verdict.decision}")
         else:
             claim.finish(None)  # every contender failed its rounds or audit: a failed measurement
 
@@ -423,14 +423,14 @@ class Sweep:
                 "search)"
             )
         decisions = Counter(
-            verdict_decision(verdict)
+            verdict.decision
             for result in self.results()
             if (verdict := result.verdicts.get(self.plan.rank_by)) is not None
         )
         if decisions:
             line += "; cells: " + ", ".join(
                 f"{decisions[name]} {name}"
-                for name in (FASTER, EQUIVALENT, INCONCLUSIVE, ONLY)
+                for name in OUTCOMES
                 if decisions[name]
             )
         return line

@@ -171,7 +171,7 @@ def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]
         seen.add(store.study_name(cell))
         study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
         status = claims.status(study, lease)
-        verdict = study.user_attrs.get(store.VERDICT_ATTR, {}).get(plan["rank_by"])
+        verdict = store.verdicts_of(study.user_attrs).get(plan["rank_by"])
         running = ", ".join(
             [f"{worker} ({n})" for worker, n in sorted(status.running.items())]
             + [f"{worker} ({n}, lease expired)" for worker, n in sorted(status.expired.items())]
@@ -184,7 +184,7 @@ def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]
                 "measured": measured_count(study),
                 "running": running or "-",
                 "waiting": status.waiting,
-                "verdict": verdict["winner"] if verdict else "-",
+                "verdict": verdict.winner if verdict else "-",
             }
         )
     return rows

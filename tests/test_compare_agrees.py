@@ -42,4 +42,4 @@ def test_compare_and_sweep_agree_on_a_fixed_cell(tmp_path: Path) -> None:
     overlapping = slow_ms * (1 - slow_iqr) <= fast_ms * (1 + fast_iqr)
     assert row["decision"] in {"faster", "equivalent", "inconclusive"}
     if row["decision"] == "faster" and not overlapping:
-        assert row["fastest"] == fastest, (row, medians)
+        assert row["variant"] == fastest, (row, medians)

@@ -17,6 +17,7 @@ from fusionlab.errors import UserError
 from fusionlab.registry import load_plugin, variants_of
 from fusionlab.report import export
 from fusionlab.report.tables import best_rows
+from fusionlab.results import WinnersFile
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
 from fusionlab.shapes import format_shape
@@ -48,9 +49,9 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, ob
 def _winners(url: str, tmp: Path, op: str = "rmsnorm", **change: object) -> str:
     """A real winners file exported from the sweep, with fields changed (variant, device...)."""
     rows = best_rows(load_cells(open_storage(url, must_exist=True), op), "cold", None)
-    data = json.loads(export.render(rows, "json", {"op": op, "storage": url}))
-    if "fastest" in change:  # the Dispatcher reads a row's variant; `fastest` is its label
-        change.setdefault("variant", change["fastest"])
+    data = json.loads(export.render(WinnersFile(op, rows, storage=url), "json"))
+    if "variant" in change:  # the Dispatcher reads a row's variant; `label` is how it is shown
+        change.setdefault("label", change["variant"])
     for row in data["rows"]:
         row.update(change)
     path = tmp / "winners.json"
@@ -95,7 +96,7 @@ def test_llama_patched_matches_reports_and_undoes(llama, tmp_path: Path) -> None
     load_plugin(str(PLUGINS / "counting_rmsnorm.py"))
     (CALLS,) = (m.CALLS for n, m in sys.modules.items() if n.startswith(COUNTING_MODULE))
 
-    forced = patch(model, found, winners=_winners(url, tmp_path, fastest="counting"))
+    forced = patch(model, found, winners=_winners(url, tmp_path, variant="counting"))
     before = CALLS[0]
     patched = _logits(model)
     assert CALLS[0] - before == 3 * 3  # 3 norms x (the cache-filling prefill, prefill, decode)
@@ -111,7 +112,7 @@ def test_a_winner_that_disagrees_with_the_module_is_not_used(llama, tmp_path: Pa
     model, found, url = llama
     load_plugin(str(PLUGINS / "misbehaving.py"))
     with pytest.raises(UserError, match="wrong disagrees with the module: max difference"):
-        patch(model, found, winners=_winners(url, tmp_path, fastest="wrong"))
+        patch(model, found, winners=_winners(url, tmp_path, variant="wrong"))
     assert not _patched_anywhere(model)
 
 
@@ -129,7 +130,7 @@ def test_bad_winners_and_training_are_refused_in_one_line(llama, tmp_path: Path)
         torch.set_num_threads(before)
     load_plugin(str(PLUGINS / "counting_rmsnorm.py"))
     with pytest.raises(UserError, match="has no backward"):
-        patch(model, found, winners=_winners(url, tmp_path, fastest="counting"), mode="training")
+        patch(model, found, winners=_winners(url, tmp_path, variant="counting"), mode="training")
     assert not _patched_anywhere(model)
 
 
@@ -162,7 +163,7 @@ def _breaks_from_fusionlab(model: torch.nn.Module) -> list[str]:
 
 def test_compiled_patched_model_has_no_graph_break_from_fusionlab(llama, tmp_path: Path) -> None:
     model, found, url = llama
-    handle = patch(model, found, winners=_winners(url, tmp_path, fastest="naive"))
+    handle = patch(model, found, winners=_winners(url, tmp_path, variant="naive"))
     try:
         assert _breaks_from_fusionlab(model) == []
     finally:
@@ -176,7 +177,7 @@ def test_compiled_model_patched_with_cpp_has_no_graph_break(llama, tmp_path: Pat
         pytest.skip(f"cpp: {cpp.unavailable_reason('cpu')}")
     params = {name: next(iter(space)) for name, space in cpp.tunables.items()}
     handle = patch(model, found,
-                   winners=_winners(url, tmp_path, fastest="cpp", params_values=params))
+                   winners=_winners(url, tmp_path, variant="cpp", params=params))
     try:
         assert _breaks_from_fusionlab(model) == []
     finally:
@@ -220,7 +221,7 @@ def test_bf16_norms_are_patched_with_their_own_numerics(
     assert not _patched_anywhere(model)
     # A winner that cannot round like Llama (torch.rms_norm rounds once) is not used.
     if numerics[0] == "llama":
-        forced = _winners(url, tmp_path, fastest="builtin", params_values={})
+        forced = _winners(url, tmp_path, variant="builtin", params={})
         with pytest.raises(UserError, match="builtin does not compute llama casting"):
             patch(model, found, winners=forced)
         assert not _patched_anywhere(model)
@@ -282,7 +283,7 @@ def test_a_kernels_layer_repository_kernelizes_the_same_model(llama, tmp_path: P
     reference = _logits(model)
     load_plugin(str(PLUGINS / "counting_rmsnorm.py"))
     (CALLS,) = (m.CALLS for n, m in sys.modules.items() if n.startswith(COUNTING_MODULE))
-    winners = _winners(url, tmp_path, fastest="counting")
+    winners = _winners(url, tmp_path, variant="counting")
     repo = write_layer_repository(tmp_path / "repo", winners={"rmsnorm": winners})
     mapping = {"RMSNorm": {"cpu": LocalLayerRepository(repo_path=repo, layer_name="RMSNorm")}}
     with use_kernel_mapping(mapping):

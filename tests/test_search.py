@@ -125,9 +125,9 @@ def test_the_closing_line_counts_outcomes_and_what_the_rounds_cost(tmp_path: Pat
                      timing=FAST)
     runner = Sweep(plan, open_storage(f"sqlite:///{tmp_path / 'line.db'}"))
     (cell,) = runner.run()
-    decision = cell.verdicts["cold"]["decision"]
+    decision = cell.verdicts["cold"].decision
     assert decision in {"faster", "equivalent", "inconclusive"}
-    rounds = cell.verdicts["cold"]["rounds"]
+    rounds = cell.verdicts["cold"].rounds
     assert rounds["run"] >= 5 and rounds["stopped"] in {"decided", "settled", "budget"}
     line = runner.closing_line()
     assert re.fullmatch(

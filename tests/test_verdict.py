@@ -7,14 +7,8 @@ import random
 
 import pytest
 
-from fusionlab.report.verdict import (
-    THRESHOLD,
-    Contender,
-    Verdict,
-    break_even_calls,
-    classify,
-    decide,
-)
+from fusionlab.report.verdict import THRESHOLD, Contender, break_even_calls, decide
+from fusionlab.results import Verdict, classify
 
 ROUNDS, SAMPLES = 5, 20
 
@@ -79,12 +73,13 @@ def test_too_noisy_to_tell_is_inconclusive_and_names_the_better_point_estimate()
 
 def test_interval_classification_at_the_edges() -> None:
     bar = 1 + THRESHOLD
-    assert classify(bar + 0.001, 2.0) == "faster"
-    assert classify(1 / bar, bar) == "equivalent"
-    assert classify(0.99, 1.01) == "equivalent"
-    assert classify(0.99, bar + 0.001) == "inconclusive"  # may be 3% slower: not shown equivalent
-    assert classify(1 / bar - 0.001, 1.01) == "inconclusive"
-    assert classify(0.37, 3.85) == "inconclusive"  # the 'tie' that could not tell
+    assert classify(bar + 0.001, 2.0, THRESHOLD) == "faster"
+    assert classify(1 / bar, bar, THRESHOLD) == "equivalent"
+    assert classify(0.99, 1.01, THRESHOLD) == "equivalent"
+    # may be 3% slower: not shown equivalent
+    assert classify(0.99, bar + 0.001, THRESHOLD) == "inconclusive"
+    assert classify(1 / bar - 0.001, 1.01, THRESHOLD) == "inconclusive"
+    assert classify(0.37, 3.85, THRESHOLD) == "inconclusive"  # the 'tie': cannot tell
 
 
 def test_same_kind_tie_is_broken_by_first_use_cost() -> None:

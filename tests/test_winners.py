@@ -6,9 +6,9 @@ import pytest
 from conftest import cpu_cell
 
 from fusionlab.records import Status, Timing, TrialRecord
-from fusionlab.report.tables import best_row
+from fusionlab.report.tables import best_row, display_rows
 from fusionlab.report.winners import break_even, cell_winner
-from fusionlab.search.results_store import CellResult
+from fusionlab.results import CellResult, Decision, OutOfPlace, Verdict
 
 
 def _record(variant: str, latency_ms: float, first_use_ms: float, op: str = "rmsnorm"):
@@ -28,19 +28,23 @@ def test_calls_weigh_first_use_against_latency() -> None:
     compiled, naive = cell.records
     assert break_even(compiled, naive, cell, "cold") == pytest.approx((2000.0 - 0.5) / 0.020)
     row = best_row(cell, calls=1000)
-    assert row["fastest"] == "naive" and row["decision"] == "by cost"
+    assert row.variant == "naive" and row.decision is Decision.BY_COST
 
 
 def test_stored_verdict_decides_over_the_raw_fastest() -> None:
     cell = CellResult(cpu_cell("rmsnorm", (4, 64)),
                       [_record("compiled", 0.0100, 900.0), _record("builtin", 0.0101, 0.2)])
-    cell.verdicts["cold"] = {"winner": "builtin", "runner_up": "compiled", "ratio": 1.01,
-                             "ci_low": 0.99, "ci_high": 1.03, "decision": "equivalent",
-                             "reason": "equivalent to compiled: builtin preferred"}
+    cell.verdicts["cold"] = Verdict(
+        ranking=["compiled", "builtin"], latency_ms={"compiled": 0.0100, "builtin": 0.0101},
+        winner="builtin", runner_up="compiled", ratio=1.01, ci_low=0.99, ci_high=1.03,
+        decision=Decision.EQUIVALENT, equivalent_group=["compiled", "builtin"],
+        reason="equivalent to compiled: builtin preferred", confidence=0.95, threshold=0.03,
+        resamples=2000, seed=0)
     assert cell_winner(cell).record.variant == "builtin"
     row = best_row(cell)
-    assert row["fastest"] == "builtin" and row["decision"] == "equivalent"
-    assert row["ratio"] == "1.01x [0.99, 1.03]"
+    assert row.variant == row.label == "builtin" and row.decision == "equivalent"
+    assert (row.ratio, row.ci_low, row.ci_high) == (1.01, 0.99, 1.03)
+    assert display_rows([row], "rmsnorm")[0]["runner-up/winner [95% CI]"] == "1.01x [0.99, 1.03]"
 
 
 @pytest.mark.parametrize(
@@ -52,9 +56,14 @@ def test_a_verdict_stored_as_a_tie_is_classified_from_its_interval(
 ) -> None:
     cell = CellResult(cpu_cell("rmsnorm", (4, 64)),
                       [_record("compiled", 0.0100, 900.0), _record("builtin", 0.0101, 0.2)])
-    cell.verdicts["cold"] = {"winner": "builtin", "runner_up": "compiled", "ratio": 1.01,
-                             "ci_low": low, "ci_high": high, "tie": low < 1.03, "reason": "old"}
-    assert best_row(cell)["decision"] == decision
+    # As version 1 stored it: no schema, `tie` and `tie_group` in place of a decision.
+    cell.verdicts["cold"] = Verdict.from_dict({
+        "ranking": ["compiled", "builtin"], "latency_ms": {"compiled": 0.0100, "builtin": 0.0101},
+        "winner": "builtin", "runner_up": "compiled", "ratio": 1.01, "ci_low": low,
+        "ci_high": high, "tie": low < 1.03, "tie_group": ["compiled", "builtin"],
+        "reason": "old", "versus_fastest": {"builtin": [1.01, low, high]}, "confidence": 0.95,
+        "threshold": 0.03, "resamples": 2000, "seed": 0})
+    assert best_row(cell).decision == decision
 
 
 def test_in_place_winner_is_kept_from_callers_that_keep_their_inputs() -> None:
@@ -64,5 +73,5 @@ def test_in_place_winner_is_kept_from_callers_that_keep_their_inputs() -> None:
     assert cell_winner(cell).record.variant == "builtin-inplace"
     assert cell_winner(cell, allow_inplace=False).record.variant == "builtin"
     row = best_row(cell)
-    assert row["fastest"] == "builtin-inplace (in place)" and row["inplace"]
-    assert row["out_of_place"] == {"variant": "builtin", "params": {}}
+    assert row.label == "builtin-inplace (in place)" and row.variant == "builtin-inplace"
+    assert row.inplace and row.out_of_place == OutOfPlace("builtin", {})

@@ -9,13 +9,14 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from tabulate import tabulate
 
 from fusionlab.model.models import Step
 from fusionlab.report.tables import best_rows
+from fusionlab.results import WinnerRow, WinnersFile
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
 from fusionlab.shapes import format_shape
@@ -113,36 +114,34 @@ def predicted_saving_ms(handle: PatchHandle, step: str) -> float | None:
         if call.step != step or (call.path, call.key) not in patched:
             continue
         row = rows.get((call.op, format_shape(call.shape), call.dtype))
-        if row is None or row.get("median_ms") is None:
+        if row is None or row.median_ms is None:
             continue
         versus = "builtin" if call.module_class in _TORCH_MODULES else "baseline"
-        speedup = row.get(f"speedup_vs_{versus}")
+        speedup = getattr(row, f"speedup_vs_{versus}")
         if speedup:
-            total += call.calls * row["median_ms"] * (speedup - 1.0)
+            total += call.calls * row.median_ms * (speedup - 1.0)
             known = True
     return total if known else None
 
 
-def _sweep_rows(handle: PatchHandle) -> dict[tuple[str, str, str], dict[str, Any]]:
+def _sweep_rows(handle: PatchHandle) -> dict[tuple[str, str, str], WinnerRow]:
     """The sweep's table rows for this machine and thread count, by (op, shape, dtype)."""
     source = handle.winners_source
     ops = {m.op for m in handle.modules}
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[str, WinnerRow]] = []
     for op in ops:
         winners = source["winners"]
         if isinstance(winners, dict):
             winners = winners.get(op)
         if winners is not None:
             data = json.loads(Path(winners).read_text(encoding="utf-8"))
-            rows += [{**row, "op": op} for row in data["rows"]]
+            rows += [(op, row) for row in WinnersFile.from_dict(data).rows]
         else:
             cells = load_cells(open_storage(source["storage"] or DEFAULT_STORAGE), op)
-            rows += [{**row, "op": op} for row in best_rows(cells, source["rank_by"], None)]
+            rows += [(op, row) for row in best_rows(cells, source["rank_by"], None)]
     threads = torch.get_num_threads()
     return {
-        (row["op"], row["shape"], row["dtype"]): row
-        for row in rows
-        if int(row.get("threads") or 0) in (0, threads)
+        (op, row.shape, row.dtype): row for op, row in rows if row.threads in (0, threads)
     }
 
 

@@ -6,15 +6,14 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Any
 
 from tabulate import tabulate
 
 from fusionlab.errors import UserError
 from fusionlab.report.tables import display_rows
+from fusionlab.results import WinnersFile
 
 FORMATS = ("md", "csv", "json", "latex", "html")
-WINNERS_VERSION = 1  # of the json export, which the Dispatcher reads as a winners file
 _SUFFIXES = {
     ".md": "md",
     ".markdown": "md",
@@ -64,15 +63,12 @@ def check_writable(path: str) -> None:
         file.unlink()
 
 
-def render(rows: list[dict[str, Any]], fmt: str, meta: dict[str, Any]) -> str:
-    """The table in one format; json keeps numbers as numbers and adds metadata."""
+def render(winners: WinnersFile, fmt: str) -> str:
+    """The table in one format: json is the winners file (typed rows and their metadata, which
+    the Dispatcher reads), the others show the same rows as text."""
     if fmt == "json":
-        # A row names its winner by `variant` (`fastest` is its display label) and carries
-        # `inplace` and, for an in-place winner, the best `out_of_place` one (the Dispatcher's
-        # winners file reads these; fusionlab/runtime.py).
-        return json.dumps({"meta": {**meta, "version": WINNERS_VERSION}, "rows": rows},
-                          indent=2) + "\n"
-    shown = display_rows(rows, meta["op"])
+        return json.dumps(winners.to_dict(), indent=2) + "\n"
+    shown = display_rows(winners.rows, winners.op)
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(shown[0]) if shown else [])

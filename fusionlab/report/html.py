@@ -15,8 +15,8 @@ import torch
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, variants_of
 from fusionlab.report.plots import Plot, scaling_plots, winners_plot
-from fusionlab.report.tables import best_rows
-from fusionlab.search.results_store import CellResult
+from fusionlab.report.tables import best_rows, display_rows
+from fusionlab.results import CellResult, WinnerRow
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; }
@@ -68,12 +68,12 @@ def _variants(op: str, cells: list[CellResult]) -> list[str]:
     return ordered + sorted(seen - set(ordered))
 
 
-def _cell_section(cell: CellResult, row: dict[str, Any], mode: str) -> str:
+def _cell_section(cell: CellResult, row: WinnerRow, shown: dict[str, str], mode: str) -> str:
     """Every variant's best configuration in one cell: latency with its IQR, the re-measured
     latency and ratio to the fastest with its interval, bandwidth and fusion accounting."""
-    verdict = cell.verdicts.get(mode, {})
-    remeasured = verdict.get("latency_ms", {})
-    versus = verdict.get("versus_fastest", {})
+    verdict = cell.verdicts.get(mode)
+    remeasured = verdict.latency_ms if verdict is not None else {}
+    versus = verdict.versus_fastest if verdict is not None else {}
     rows, classes = [], []
     for record in cell.best_per_variant(mode).values():
         label = record.config_label()
@@ -99,7 +99,7 @@ def _cell_section(cell: CellResult, row: dict[str, Any], mode: str) -> str:
                 "-" if fusion is None else _num(fusion.memory_bytes / 1e6),
             ]
         )
-        classes.append("winner" if record.variant == row.get("variant") else "")
+        classes.append("winner" if record.variant == row.variant else "")
     unit = next((r.fusion.unit for r in cell.records if r.fusion), "device op")
     table = _table(
         [
@@ -118,12 +118,12 @@ def _cell_section(cell: CellResult, row: dict[str, Any], mode: str) -> str:
         rows,
         classes,
     )
-    decision = row.get("decision") or "-"
-    reason = row.get("reason") or (f"runner-up/winner {row['ratio']}" if row.get("ratio") else "")
+    ratio = shown["runner-up/winner [95% CI]"]
+    reason = row.reason or (f"runner-up/winner {ratio}" if ratio != "-" else "")
     return (
         f"<h3>{escape(cell.cell.label)} <span class='muted'>on "
         f"{escape(cell.cell.device_name)}</span></h3>{table}"
-        f"<p class='decision'><b>decision: {escape(str(decision))}</b> {escape(reason)}</p>"
+        f"<p class='decision'><b>decision: {escape(shown['decision'])}</b> {escape(reason)}</p>"
     )
 
 
@@ -176,6 +176,7 @@ def render(
     """The page, and the plot files written to `plots_dir` (SVG and PNG) when it is given."""
     spec = get_op(op)
     rows = best_rows(cells, mode)
+    shown = display_rows(rows, op)
     variants = _variants(op, cells)
     plots = [
         winners_plot(cells, rows, variants, spec.baseline),
@@ -199,22 +200,18 @@ def render(
         ],
         [
             [
-                row["shape"],
-                row["dtype"],
-                row["fastest"],
-                row.get("params") or "-",
-                _num(row.get("median_ms")),
-                "-"
-                if row.get("speedup_vs_baseline") is None
-                else f"{row['speedup_vs_baseline']:.2f}x",
-                "-"
-                if row.get("speedup_vs_builtin") is None
-                else f"{row['speedup_vs_builtin']:.2f}x",
-                row.get("decision") or "-",
-                row.get("ratio") or "-",
-                row["failed"],
+                text["shape"],
+                text["dtype"],
+                text["fastest"],
+                text["params"],
+                text["median ms"],
+                text[f"vs {spec.baseline}"],
+                text[f"vs {spec.builtin}"],
+                text["decision"],
+                text["runner-up/winner [95% CI]"],
+                text["failed"],
             ]
-            for row in rows
+            for text in shown
         ],
     )
     generated = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -237,7 +234,7 @@ re-measured = median of the round medians of the interleaved re-measurement, wit
 fastest and its 95% bootstrap interval; % copy limit = achieved GB/s over the faster of this
 device's two copies at the same size, measured in the same run; fusion accounting from
 torch.profiler.</p>
-{"".join(_cell_section(cell, row, mode) for cell, row in zip(cells, rows, strict=True))}
+{"".join(_cell_section(*parts, mode) for parts in zip(cells, rows, shown, strict=True))}
 <h2>Failures</h2>
 {_failures(cells)}
 <h2>Environment and toolchain</h2>

@@ -18,7 +18,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from fusionlab.search.results_store import CellResult
+from fusionlab.results import CellResult, WinnerRow
 from fusionlab.shapes import format_shape
 
 plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "fusionlab"})  # text stays text
@@ -116,7 +116,7 @@ def scaling_plots(cells: list[CellResult], mode: str, variants: list[str]) -> li
 
 
 def winners_plot(
-    cells: list[CellResult], rows: list[dict[str, Any]], variants: list[str], baseline: str
+    cells: list[CellResult], rows: list[WinnerRow], variants: list[str], baseline: str
 ) -> Plot:
     """A heat-map of the winner over shapes (rows) x dtypes (columns), labelled with its speed-up
     over the baseline."""
@@ -128,14 +128,12 @@ def winners_plot(
     labels = [[""] * len(dtypes) for _ in shapes]
     for cell, row in zip(cells, rows, strict=True):
         i, j = shapes.index(cell.cell.shape), dtypes.index(cell.cell.dtype)
-        winner = row.get("variant")
+        winner, speedup = row.variant, row.speedup_vs_baseline
         grid[i][j] = names.index(winner) if winner in names else 0
-        speedup = row.get("speedup_vs_baseline")
-        decision = row.get("decision") or ""
         labels[i][j] = (
             (winner or "none passed")
             + (f"\n{speedup:.2f}x vs {baseline}" if speedup else "")
-            + (f"\n{decision}" if decision else "")
+            + (f"\n{row.decision}" if row.decision else "")
         )
     figure, axes = plt.subplots(figsize=(2.2 + 2.4 * len(dtypes), 0.9 + 0.55 * len(shapes)))
     axes.imshow(grid, cmap=ListedColormap(colors), vmin=0, vmax=len(names) - 1, aspect="auto")

@@ -10,11 +10,11 @@ from typing import Any
 from fusionlab.registry import get_op
 from fusionlab.report.fit import fit_table, pick_columns
 from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
-from fusionlab.search.results_store import CellResult
+from fusionlab.results import CellResult, OutOfPlace, WinnerRow
 from fusionlab.shapes import format_shape
 
 
-def _num(digits: int) -> Callable[[Any], str]:
+def _num(digits: int) -> Callable[[float], str]:
     return lambda value: f"{value:.{digits}f}"
 
 
@@ -26,67 +26,95 @@ def _calls(value: float) -> str:
     return "never" if value == float("inf") else f"{value:.3g}"
 
 
-@dataclass(frozen=True)
-class Column:
-    key: str
-    header: str
-    render: Callable[[Any], str] = str
-
-
-def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Column, ...]:
-    """The table's columns; the speedup headers name the op's own baseline and built-in."""
-    return (
-        Column("device", "device"),
-        Column("shape", "shape"),
-        Column("dtype", "dtype"),
-        Column("fastest", "fastest"),
-        Column("params", "params"),
-        Column("median_ms", "median ms", _sig),
-        Column("iqr_pct", "IQR %", _num(1)),
-        Column("warm_ms", "warm ms", _sig),
-        Column("cold_ms", "cold ms", _sig),
-        Column("speedup_vs_baseline", f"vs {baseline}", lambda v: f"{v:.2f}x"),
-        Column("speedup_vs_builtin", f"vs {builtin}", lambda v: f"{v:.2f}x"),
-        Column("gbps", "GB/s", _sig),
-        Column("pct_fresh_copy", "% fresh copy", _num(0)),
-        Column("pct_inplace_copy", "% in-place copy", _num(0)),
-        Column("runner_up", "runner-up"),
-        Column("ratio", "runner-up/winner [95% CI]"),
-        Column("decision", "decision"),
-        Column("first_use_ms", "first use ms", _sig),
-        Column("break_even_vs_baseline", f"break-even calls vs {baseline}", _calls),
-        Column("break_even_vs_builtin", f"break-even calls vs {builtin}", _calls),
-        Column("ops_per_call", "ops/call", _sig),
-        Column("idle_pct", "idle %", _num(1)),
-        Column("mb_per_call", "MB/call", _sig),
-        Column("failed", "failed"),
-    )
+def _times(value: float) -> str:
+    return f"{value:.2f}x"
 
 
 def _params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "-"
 
 
-def _failed(cell: CellResult) -> str:
-    failures = cell.failures()
-    counts = Counter(r.status.value for r in failures)
-    detail = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    return f"{len(failures)}/{len(cell.records)}" + (f" ({detail})" if detail else "")
+def _ratio(row: WinnerRow) -> str | None:
+    """`runner-up/winner [low, high]`, or the medians' ratio when not re-measured."""
+    if row.ratio is None:
+        return None
+    if row.ci_low is None or row.ci_high is None:
+        return f"{row.ratio:.2f}x (not re-measured)"
+    return f"{row.ratio:.2f}x [{row.ci_low:.2f}, {row.ci_high:.2f}]"
 
 
-def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> dict[str, Any]:
+def _failed(row: WinnerRow) -> str:
+    detail = ", ".join(f"{n} {status}" for status, n in sorted(row.failures.items()))
+    return f"{row.failed}/{row.measured}" + (f" ({detail})" if detail else "")
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column: its `--columns` key, its header, and its text for a row (None: unknown)."""
+
+    key: str
+    header: str
+    text: Callable[[WinnerRow], str | None]
+
+
+def _field(name: str, render: Callable[[Any], str] = str) -> Callable[[WinnerRow], str | None]:
+    def text(row: WinnerRow) -> str | None:
+        value = getattr(row, name)
+        return None if value is None else render(value)
+
+    return text
+
+
+def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Column, ...]:
+    """The table's columns; the speedup headers name the op's own baseline and built-in."""
+    return (
+        Column("device", "device", _field("device")),
+        Column("shape", "shape", _field("shape")),
+        Column("dtype", "dtype", _field("dtype")),
+        Column("fastest", "fastest", lambda row: row.label or "none passed"),
+        Column("params", "params", _field("params", _params)),
+        Column("median_ms", "median ms", _field("median_ms", _sig)),
+        Column("iqr_pct", "IQR %", _field("iqr_pct", _num(1))),
+        Column("warm_ms", "warm ms", _field("warm_ms", _sig)),
+        Column("cold_ms", "cold ms", _field("cold_ms", _sig)),
+        Column("speedup_vs_baseline", f"vs {baseline}", _field("speedup_vs_baseline", _times)),
+        Column("speedup_vs_builtin", f"vs {builtin}", _field("speedup_vs_builtin", _times)),
+        Column("gbps", "GB/s", _field("gbps", _sig)),
+        Column("pct_fresh_copy", "% fresh copy", _field("pct_fresh_copy", _num(0))),
+        Column("pct_inplace_copy", "% in-place copy", _field("pct_inplace_copy", _num(0))),
+        Column("runner_up", "runner-up", _field("runner_up_label")),
+        Column("ratio", "runner-up/winner [95% CI]", _ratio),
+        Column("decision", "decision", _field("decision")),
+        Column("first_use_ms", "first use ms", _field("first_use_ms", _sig)),
+        Column("break_even_vs_baseline", f"break-even calls vs {baseline}",
+               _field("break_even_vs_baseline", _calls)),
+        Column("break_even_vs_builtin", f"break-even calls vs {builtin}",
+               _field("break_even_vs_builtin", _calls)),
+        Column("ops_per_call", "ops/call", _field("ops_per_call", _sig)),
+        Column("idle_pct", "idle %", _field("idle_pct", _num(1))),
+        Column("mb_per_call", "MB/call", _field("mb_per_call", _sig)),
+        Column("failed", "failed", _failed),
+    )
+
+
+def _label(variant: str, inplace: bool) -> str:
+    return f"{variant} (in place)" if inplace else variant
+
+
+def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> WinnerRow:
     """The typed row for one cell; numbers stay numbers (None where unknown)."""
     spec = get_op(cell.cell.op)
-    row: dict[str, Any] = {column.key: None for column in columns()}
-    row.update(
+    failures = cell.failures()
+    row = WinnerRow(
         device=cell.cell.device_name,
         threads=cell.cell.threads,
         shape=format_shape(cell.cell.shape),
         dtype=cell.cell.dtype,
-        fastest="none passed",
-        failed=_failed(cell),
+        failed=len(failures),
+        measured=len(cell.records),
+        failures=dict(Counter(r.status.value for r in failures)),
         ranked_by=mode if calls is None else f"{mode} + {calls} calls x latency",
-        toolchain=cell.cell.toolchain,
+        toolchain=dict(cell.cell.toolchain),
     )
     winner = cell_winner(cell, mode, calls)
     if winner is None:
@@ -95,95 +123,81 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     timing = best.timing_for(mode)
     assert timing is not None
     per_variant = cell.best_per_variant(mode)
-    row.update(
-        fastest=best.variant,
-        variant=best.variant,
-        params=_params(best.params),
-        params_values=dict(best.params),
-        median_ms=timing.median_ms,
-        iqr_pct=100 * timing.relative_iqr,
-        warm_ms=best.latency_ms("warm"),
-        cold_ms=best.cold.median_ms if best.cold is not None else None,
-        gbps=best.gbps(mode),
-        first_use_ms=first_use_by_variant(cell).get(best.variant),
-    )
+    row.variant, row.params, row.inplace = best.variant, dict(best.params), writes_inputs(best)
+    row.label = _label(best.variant, row.inplace)
+    row.median_ms, row.iqr_pct = timing.median_ms, 100 * timing.relative_iqr
+    row.warm_ms = best.latency_ms("warm")
+    row.cold_ms = best.cold.median_ms if best.cold is not None else None
+    row.gbps = best.gbps(mode)
+    row.first_use_ms = first_use_by_variant(cell).get(best.variant)
     share = best.limit_share(mode)
     if share is not None:
-        row.update(pct_fresh_copy=100 * share["fresh"], pct_inplace_copy=100 * share["inplace"])
+        row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
     for key, name in (("baseline", spec.baseline), ("builtin", spec.builtin)):
         other = per_variant.get(name)
         other_ms = other.latency_ms(mode) if other is not None else None
         if other_ms:
-            row[f"speedup_vs_{key}"] = other_ms / timing.median_ms
-        row[f"break_even_vs_{key}"] = break_even(best, other, cell, mode)
+            setattr(row, f"speedup_vs_{key}", other_ms / timing.median_ms)
+        setattr(row, f"break_even_vs_{key}", break_even(best, other, cell, mode))
     if winner.runner_up is not None:
-        row["runner_up"] = winner.runner_up.variant
-    row["inplace"] = writes_inputs(best)
-    if row["inplace"]:
-        row["fastest"] = f"{best.variant} (in place)"
+        row.runner_up = winner.runner_up.variant
+        row.runner_up_label = _label(row.runner_up, writes_inputs(winner.runner_up))
+    if row.inplace:
         keeps_inputs = cell_winner(cell, mode, calls, allow_inplace=False)
         if keeps_inputs is not None:
-            row["out_of_place"] = {
-                "variant": keeps_inputs.record.variant,
-                "params": dict(keeps_inputs.record.params),
-            }
+            row.out_of_place = OutOfPlace(
+                keeps_inputs.record.variant, dict(keeps_inputs.record.params)
+            )
     verdict = winner.verdict
-    if verdict is not None and verdict.get("runner_up"):
-        row["ratio"] = (
-            f"{verdict['ratio']:.2f}x [{verdict['ci_low']:.2f}, {verdict['ci_high']:.2f}]"
-        )
-        row["reason"] = verdict["reason"]
+    if verdict is not None and verdict.runner_up:
+        row.ratio, row.ci_low, row.ci_high = verdict.ratio, verdict.ci_low, verdict.ci_high
+        row.reason = verdict.reason
     elif winner.runner_up is not None:
         runner_ms = winner.runner_up.latency_ms(mode)
         if runner_ms:
-            row["ratio"] = f"{runner_ms / timing.median_ms:.2f}x (not re-measured)"
+            row.ratio = runner_ms / timing.median_ms
     if winner.runner_up is not None or winner.verdict is not None:
-        row["decision"] = winner.decision
+        row.decision = winner.decision
     if best.fusion is not None:
-        row.update(
-            ops_per_call=best.fusion.device_ops,
-            mb_per_call=best.fusion.memory_bytes / 1e6,
-            idle_pct=None if best.fusion.idle_share is None else 100 * best.fusion.idle_share,
-        )
+        row.ops_per_call = best.fusion.device_ops
+        row.mb_per_call = best.fusion.memory_bytes / 1e6
+        if best.fusion.idle_share is not None:
+            row.idle_pct = 100 * best.fusion.idle_share
     return row
 
 
 def best_rows(
     cells: list[CellResult], mode: str = "cold", calls: int | None = None
-) -> list[dict[str, Any]]:
+) -> list[WinnerRow]:
     return [best_row(cell, mode, calls) for cell in cells]
 
 
 def display_rows(
-    rows: list[dict[str, Any]], op: str, with_device: bool = True
+    rows: list[WinnerRow], op: str, with_device: bool = True
 ) -> list[dict[str, str]]:
     """The rows as the text every format shows ('-' for unknown)."""
     spec = get_op(op)
     shown = []
     for row in rows:
-        text = {
-            c.header: "-" if row.get(c.key) is None else c.render(row[c.key])
-            for c in columns(spec.baseline, spec.builtin)
-        }
+        text = {c.header: c.text(row) or "-" for c in columns(spec.baseline, spec.builtin)}
         if not with_device:
             text.pop("device")
         shown.append(text)
     return shown
 
 
-def _decision_with_interval(row: dict[str, Any]) -> str | None:
+def _decision_with_interval(row: WinnerRow) -> str | None:
     """`decision ratio [low, high]`: how sure, in one cell of a narrow table."""
-    if row.get("decision") is None:
+    if row.decision is None:
         return None
-    ratio = row.get("ratio")
-    return f"{row['decision']} {ratio}" if ratio else str(row["decision"])
+    ratio = _ratio(row)
+    return f"{row.decision} {ratio}" if ratio else str(row.decision)
 
 
-def _winner(row: dict[str, Any]) -> str | None:
-    params = row.get("params")
-    if params is None or params == "-":
-        return row.get("fastest")
-    return f"{row['fastest']} ({params})"
+def _winner(row: WinnerRow) -> str:
+    if not row.params:
+        return row.label or "none passed"
+    return f"{row.label} ({_params(row.params)})"
 
 
 # The terminal's own columns: the winner with its parameters, and the decision with its interval.
@@ -213,7 +227,7 @@ def column_keys() -> list[str]:
 
 
 def terminal_table(
-    rows: list[dict[str, Any]],
+    rows: list[WinnerRow],
     op: str,
     width: int,
     wide: bool = False,

@@ -29,15 +29,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass
+
+from fusionlab.results import Decision, Verdict, classify
 
 THRESHOLD = 0.03
 """Gaps under 3% are not worth a more complex lowering, and run-to-run drift on shared machines
 is of that order: a ratio shown inside [1/1.03, 1.03] is `equivalent`, above 1.03 `faster`."""
-
-FASTER, EQUIVALENT, INCONCLUSIVE = "faster", "equivalent", "inconclusive"
-ONLY = "only contender"
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000
@@ -58,57 +56,13 @@ class Contender:
     rounds: Sequence[Sequence[float]]
 
 
-@dataclass
-class Verdict:
-    """The decided winner of a cell, with the interval and the reason; plain data throughout.
-
-    decision: `faster`, `equivalent`, `inconclusive` (see the module docstring) or
-    `only contender`. runner_up: the contender the decision is about: an equivalent one the
-    preference passed over, else the inconclusive one closest to the fastest, else the second
-    fastest. `ratio` / `ci_low` / `ci_high`: the runner-up over the fastest (the winner over
-    the fastest when the runner-up is the fastest).
-    """
-
-    ranking: list[str]
-    latency_ms: dict[str, float]
-    winner: str
-    runner_up: str | None
-    ratio: float | None
-    ci_low: float | None
-    ci_high: float | None
-    decision: str
-    equivalent_group: list[str]
-    reason: str
-    versus_fastest: dict[str, list[float]] = field(default_factory=dict)
-    confidence: float = CONFIDENCE
-    threshold: float = THRESHOLD
-    resamples: int = RESAMPLES
-    seed: int = SEED
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Verdict:
-        return cls(**data)
-
-
-def classify(low: float, high: float, threshold: float = THRESHOLD) -> str:
-    """The outcome of an interval of slower / fastest (see the module docstring)."""
-    if low > 1 + threshold:
-        return FASTER
-    if low >= 1 / (1 + threshold) and high <= 1 + threshold:
-        return EQUIVALENT
-    return INCONCLUSIVE
-
-
-def cell_decision(outcomes: Sequence[str]) -> str:
+def cell_decision(outcomes: Sequence[Decision]) -> Decision:
     """The cell's outcome from each other contender's against the fastest."""
     if not outcomes:
-        return ONLY
-    if INCONCLUSIVE in outcomes:
-        return INCONCLUSIVE
-    return EQUIVALENT if EQUIVALENT in outcomes else FASTER
+        return Decision.ONLY
+    if Decision.INCONCLUSIVE in outcomes:
+        return Decision.INCONCLUSIVE
+    return Decision.EQUIVALENT if Decision.EQUIVALENT in outcomes else Decision.FASTER
 
 
 def _median(values: Sequence[float]) -> float:
@@ -202,7 +156,7 @@ def _fmt(ratio: float, low: float, high: float) -> str:
 
 
 def outcomes(contenders: Sequence[Contender]) -> tuple[list[int], dict[str, list[float]],
-                                                        dict[str, str]]:
+                                                        dict[str, Decision]]:
     """Indices fastest first, each other contender's [ratio, low, high] to the fastest, and its
     outcome against the fastest."""
     rounds = _validate(contenders)
@@ -211,12 +165,14 @@ def outcomes(contenders: Sequence[Contender]) -> tuple[list[int], dict[str, list
     if len(contenders) == 1:
         return order, {}, {}
     versus = _intervals(contenders, order[0], rounds)
-    return order, versus, {name: classify(low, high) for name, (_, low, high) in versus.items()}
+    return order, versus, {
+        name: classify(low, high, THRESHOLD) for name, (_, low, high) in versus.items()
+    }
 
 
 def settled(contenders: Sequence[Contender]) -> bool:
     """Whether more rounds are not needed: no contender is inconclusive against the fastest."""
-    return INCONCLUSIVE not in outcomes(contenders)[2].values()
+    return Decision.INCONCLUSIVE not in outcomes(contenders)[2].values()
 
 
 def decide(contenders: Sequence[Contender]) -> Verdict:
@@ -226,15 +182,15 @@ def decide(contenders: Sequence[Contender]) -> Verdict:
     ranking = [contenders[i].name for i in order]
     fastest = contenders[order[0]]
     if len(contenders) == 1:
-        return Verdict(ranking, latency, fastest.name, None, None, None, None, ONLY,
-                       [fastest.name], "only contender")
+        return _verdict(ranking, latency, fastest.name, None, None, Decision.ONLY,
+                        [fastest.name], "only contender")
     others = [contenders[i] for i in order[1:]]
-    group = [fastest] + [c for c in others if outcome[c.name] == EQUIVALENT]
+    group = [fastest] + [c for c in others if outcome[c.name] == Decision.EQUIVALENT]
     winner = min(group, key=lambda c: _preference(c, latency[c.name]))
     decision = cell_decision(list(outcome.values()))
-    unsure = [c for c in others if outcome[c.name] == INCONCLUSIVE]
+    unsure = [c for c in others if outcome[c.name] == Decision.INCONCLUSIVE]
     partners = [c for c in group if c is not winner]
-    if decision == INCONCLUSIVE:
+    if decision == Decision.INCONCLUSIVE:
         runner_up = unsure[0]
     elif partners:
         runner_up = partners[0]
@@ -243,17 +199,38 @@ def decide(contenders: Sequence[Contender]) -> Verdict:
     slower = winner if runner_up is fastest else runner_up
     ratio, low, high = versus[slower.name]
     bar = 1 + THRESHOLD
-    if decision == FASTER:
+    if decision == Decision.FASTER:
         reason = f"{winner.name} {_fmt(ratio, low, high)} faster than {runner_up.name}"
-    elif decision == EQUIVALENT:
+    elif decision == Decision.EQUIVALENT:
         reason = (f"equivalent to {runner_up.name} ({_fmt(ratio, low, high)} inside "
                   f"[{1 / bar:.2f}, {bar:.2f}]): {_why(winner, runner_up, latency)}")
     else:
         reason = (f"inconclusive against {runner_up.name} ({_fmt(ratio, low, high)} is neither "
                   f"above {bar:.2f} nor inside [{1 / bar:.2f}, {bar:.2f}]): {winner.name} taken "
                   "as the better point estimate; more rounds or a quieter machine would decide")
-    return Verdict(ranking, latency, winner.name, runner_up.name, ratio, low, high, decision,
-                   [c.name for c in group], reason, versus)
+    return _verdict(ranking, latency, winner.name, runner_up.name, (ratio, low, high), decision,
+                    [c.name for c in group], reason, versus)
+
+
+def _verdict(
+    ranking: list[str],
+    latency: dict[str, float],
+    winner: str,
+    runner_up: str | None,
+    interval: tuple[float, float, float] | None,
+    decision: Decision,
+    group: list[str],
+    reason: str,
+    versus: dict[str, list[float]] | None = None,
+) -> Verdict:
+    """The verdict with the settings that made it (confidence, threshold, resamples, seed)."""
+    ratio, low, high = interval or (None, None, None)
+    return Verdict(
+        ranking=ranking, latency_ms=latency, winner=winner, runner_up=runner_up, ratio=ratio,
+        ci_low=low, ci_high=high, decision=decision, equivalent_group=group, reason=reason,
+        confidence=CONFIDENCE, threshold=THRESHOLD, resamples=RESAMPLES, seed=SEED,
+        versus_fastest=versus or {},
+    )
 
 
 def break_even_calls(

@@ -9,12 +9,11 @@ use counts: first use + calls x latency.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from fusionlab.records import TrialRecord
 from fusionlab.registry import variants_of
-from fusionlab.report.verdict import break_even_calls, classify
-from fusionlab.search.results_store import CellResult
+from fusionlab.report.verdict import break_even_calls
+from fusionlab.results import CellResult, Decision, Verdict
 
 
 @dataclass(frozen=True)
@@ -23,26 +22,16 @@ class Winner:
 
     record: TrialRecord
     runner_up: TrialRecord | None
-    verdict: dict[str, Any] | None
+    verdict: Verdict | None
     ranked_by: str
 
     @property
-    def decision(self) -> str:
-        """`faster`, `equivalent`, `inconclusive`, `only contender`, or how it was ranked
-        without a verdict (`by cost`, `not re-measured`)."""
+    def decision(self) -> Decision:
+        """The verdict's outcome, or how the winner was ranked without one (by cost, or the
+        fastest median when not re-measured)."""
         if self.verdict is None:
-            return "by cost" if "calls" in self.ranked_by else "not re-measured"
-        return verdict_decision(self.verdict)
-
-
-def verdict_decision(verdict: dict[str, Any]) -> str:
-    """A stored verdict's outcome; verdicts stored before outcomes had names are classified from
-    their interval."""
-    if "decision" in verdict:
-        return str(verdict["decision"])
-    if verdict.get("ci_low") is None:
-        return "only contender"
-    return classify(verdict["ci_low"], verdict["ci_high"], verdict.get("threshold", 0.03))
+            return Decision.BY_COST if "calls" in self.ranked_by else Decision.NOT_REMEASURED
+        return self.verdict.decision
 
 
 def _cost(record: TrialRecord, mode: str, calls: int, first_use: dict[str, float]) -> float:
@@ -83,8 +72,8 @@ def cell_winner(
         )
     verdict = cell.verdicts.get(mode)
     if verdict is not None:
-        winner = cell.record_of(verdict["winner"])
-        runner = cell.record_of(verdict["runner_up"]) if verdict.get("runner_up") else None
+        winner = cell.record_of(verdict.winner)
+        runner = cell.record_of(verdict.runner_up) if verdict.runner_up else None
         if winner is not None and winner.passed and winner.variant in best:
             return Winner(winner, runner, verdict, mode)
     ordered = list(best.values())
