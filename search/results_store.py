@@ -14,13 +14,14 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
 from fusionlab.cell import Cell
-from fusionlab.records import TrialRecord
+from fusionlab.records import Status, TrialRecord
 from fusionlab.results import CellResult, Verdict
 from fusionlab.schema import SchemaError
 from fusionlab.shapes import format_shape
 
 CELL_ATTR = "cell"
 VERDICT_ATTR = "verdict"  # the re-measured decision, by rank mode: {"cold": {...}, ...}
+DROPPED_ATTR = "dropped"  # contenders that failed their rounds or audit: label -> status, message
 RECORD_ATTR = "record"
 SUMMARY_ATTR = "measured"  # one readable line; never read back
 REJECTED_ATTR = "rejected"
@@ -108,6 +109,31 @@ def write_verdict(study: optuna.Study, mode: str, verdict: Verdict) -> None:
     study.set_user_attr(VERDICT_ATTR, stored)
 
 
+def write_dropped(study: optuna.Study, dropped: dict[str, dict[str, str]]) -> None:
+    """Record contenders that failed their re-measurement rounds or audit (config label ->
+    status and message): loaded cells show them failed, so they never win (issue 15)."""
+    stored = {**study.user_attrs.get(DROPPED_ATTR, {}), **dropped}
+    study.set_user_attr(DROPPED_ATTR, stored)
+
+
+def _apply_dropped(result: CellResult, dropped: Any) -> None:
+    """A record whose contender failed the rounds or the audit takes that failure."""
+    if not isinstance(dropped, dict):
+        raise SchemaError(f"field {DROPPED_ATTR!r} should be an object, found {dropped!r:.40}")
+    for record in result.records:
+        failure = dropped.get(record.config_label())
+        if failure is None or not record.passed:
+            continue
+        try:
+            record.status = Status(failure["status"])
+            record.message = f"in the re-measurement: {failure['message']}"
+        except (KeyError, TypeError, ValueError):
+            raise SchemaError(
+                f"field {DROPPED_ATTR!r}: {record.config_label()!r} should hold a status and a "
+                f"message, found {failure!r:.60}"
+            ) from None
+
+
 def verdicts_of(attrs: dict[str, Any]) -> dict[str, Verdict]:
     """A cell's stored verdicts by rank mode."""
     return {mode: Verdict.from_dict(data) for mode, data in attrs.get(VERDICT_ATTR, {}).items()}
@@ -128,6 +154,7 @@ def cell_from_study(attrs: dict[str, Any], trials: list[FrozenTrial]) -> CellRes
                 result.records.append(TrialRecord.from_dict(user[RECORD_ATTR]))
             except SchemaError as error:
                 raise SchemaError(f"trial {trial.number}: {error}") from None
+    _apply_dropped(result, attrs.get(DROPPED_ATTR, {}))
     return result
 
 

@@ -368,13 +368,17 @@ class Sweep:
             self.extra_rounds_s += share * rounds["elapsed_s"]
         variants = cell.space.variants
         first_use = first_use_by_variant(result)
-        contenders = []
+        contenders, dropped = [], {}
         for record in chosen:
             entry = outcome.get(record.config_label(), {"status": Status.PASSED.value})
             if entry["status"] != Status.PASSED.value or (rounds["run"] and not entry["rounds"]):
                 self.notice(
                     f"  {record.config_label()} dropped: {entry['status']}: {entry['message']}"
                 )
+                if entry["status"] != Status.PASSED.value:
+                    dropped[record.config_label()] = {
+                        "status": entry["status"], "message": entry["message"]
+                    }
                 continue
             samples = record.timing_for(mode).samples_ms  # type: ignore[union-attr]
             contenders.append(
@@ -385,6 +389,8 @@ class Sweep:
                     rounds=entry.get("rounds") or [samples],
                 )
             )
+        if dropped:  # a failed contender never wins: the cell is decided again without it
+            store.write_dropped(cell.study, dropped)
         if contenders:
             verdict = decide(contenders)
             verdict.contenders = labels

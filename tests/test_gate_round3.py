@@ -7,14 +7,16 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import PLUGINS, cpu_cell
+from conftest import PLUGINS, cpu_cell, run_cli
 
+from fusionlab.api import stored_cells
 from fusionlab.measure.rounds import RoundsTask, StopRule
 from fusionlab.measure.timing import TimedLoop, TimingSettings, time_calls
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
 from fusionlab.registry import get_op, load_plugin
+from fusionlab.report.winners import cell_winner
 
 ROUND3 = str(PLUGINS / "gaming_round3.py")
 HONEST_PLUGIN = str(PLUGINS / "gaming_honest.py")
@@ -148,3 +150,22 @@ def test_outputs_still_held_by_the_variant_are_caught_at_large_shapes_too() -> N
     record = run_trial(TrialTask(cpu_cell("rmsnorm", (512, 4096)), "r3-ring-64", {},
                                  timing=FAST))
     assert record.status is Status.REUSED_MEMORY, record.message
+
+
+def test_a_contender_that_fails_its_re_measurement_never_wins_and_shows_why(tmp_path) -> None:
+    """Honest in the search, cheating in the rounds: the sweep records the failure against its
+    record and decides the cell again without it (before: with every contender dropped, the
+    cell fell back to the search's fastest median, the cheat included)."""
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    made = run_cli(
+        "sweep", "rmsnorm", "--shapes", "8x256", "--dtypes", "float32", "--device", "cpu",
+        "--storage", url, "--plugin", ROUND3, "--variants", "builtin,r3-cheat-in-rounds",
+        cwd=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr
+    (cell,) = stored_cells("rmsnorm", url)
+    cheat = next(r for r in cell.records if r.variant == "r3-cheat-in-rounds")
+    assert not cheat.passed and "in the re-measurement" in cheat.message, cheat.message
+    winner = cell_winner(cell)
+    assert winner is not None and winner.record.variant == "builtin"
+    assert winner.verdict is not None and cheat.config_label() not in winner.verdict.contenders
