@@ -1,0 +1,170 @@
+"""Each rule of the gate taken out, one at a time: its own end-to-end test must fail.
+
+A targeted complement to benchmarks/mutation.py (which mutates everything, slowly): for every
+rule below, a scratch copy of the checkout gets that one rule disabled (an exact edit of the
+source), and the rule's tests run against the copy (PYTHONPATH points at it, so the copy is what
+the tests and the measuring workers import). "caught" means the tests failed, as they must;
+"SURVIVED" means nothing noticed the rule was gone. First the same tests run on the unchanged
+copy, which must pass. Exit code 1 when a rule survives or the baseline fails.
+
+    python benchmarks/rule_removal.py            # every rule (about 10 minutes here)
+    python benchmarks/rule_removal.py --list     # the rules and their tests
+    python benchmarks/rule_removal.py alias refill
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("fusionlab", "kernels", "search", "tests", "setup.py", "pyproject.toml")
+RULES_TESTS = "tests/test_gate_rules.py::"
+ROUND3_TESTS = "tests/test_gate_round3.py::"
+CHEAT = ROUND3_TESTS + "test_round_three_cheat_is_caught_and_never_wins"
+
+
+@dataclass(frozen=True)
+class Removal:
+    """One rule, the exact edit that disables it, and the tests that must then fail."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+REMOVALS = (
+    Removal("error bound", "fusionlab/measure/correctness.py",
+            "if bool((error > bound).any()):", "if False:",
+            (RULES_TESTS + "test_wrong_values_are_incorrect",)),
+    Removal("plain dense tensors only", "fusionlab/measure/correctness.py",
+            "if type(out) is not torch.Tensor or out.layout is not torch.strided:", "if False:",
+            (CHEAT + "[outputs computed only when read-r3-lazy-subclass-statuses0]",)),
+    Removal("alias of an input", "fusionlab/measure/correctness.py",
+            "if isinstance(tensor, torch.Tensor) and shares_memory(out, tensor):", "if False:",
+            (RULES_TESTS + "test_an_output_that_is_the_unchanged_input_is_reused_memory",)),
+    Removal("outputs still held by the variant", "fusionlab/measure/correctness.py",
+            "if extra_refs > 0 or base_refs > 0 or holders > 2 + has_base:", "if False:",
+            (ROUND3_TESTS + "test_outputs_still_held_by_the_variant_are_caught_at_large_"
+             "shapes_too",)),
+    Removal("undeclared input mutation (first call)", "fusionlab/measure/correctness.py",
+            "if name not in declared and not torch.equal(tensor, copy):", "if False:",
+            (RULES_TESTS + "test_a_first_call_that_changes_an_undeclared_input_is_incorrect",)),
+    Removal("input sets checksummed", "fusionlab/measure/trial.py",
+            "    if modified:\n", "    if False:\n",
+            (RULES_TESTS + "test_input_sets_changed_by_later_calls_with_right_outputs_are_"
+             "incorrect",)),
+    Removal("refill (the answer follows new values)", "fusionlab/measure/trial.py",
+            "    target = m.sets.sets[0]\n    saved = _copy_outputs(target)\n",
+            "    return\n    target = m.sets.sets[0]\n    saved = _copy_outputs(target)\n",
+            (RULES_TESTS + "test_a_result_cached_by_input_address_is_stale",)),
+    Removal("stale only when it is the old answer", "fusionlab/measure/trial.py",
+            "if _answers(m, outputs, before):", "if True:",
+            (RULES_TESTS + "test_a_wrong_answer_after_an_in_place_change_that_is_not_the_old_one"
+             "_is_incorrect",)),
+    Removal("copy-bandwidth limit", "fusionlab/measure/trial.py",
+            "        if reason:\n            raise GateFailure(Status.SUSPICIOUS,",
+            "        if False:\n            raise GateFailure(Status.SUSPICIOUS,",
+            (RULES_TESTS + "test_bandwidth_beyond_the_devices_copy_is_suspicious",)),
+    Removal("copy measured again before a verdict", "fusionlab/measure/trial.py",
+            "for _ in range(_REMEASURES if reason else 0):", "for _ in range(0):",
+            (RULES_TESTS + "test_the_copy_is_measured_again_before_a_suspicious_verdict",)),
+    Removal("zero device ops", "fusionlab/measure/trial.py",
+            "if fusion.device_ops == 0:", "if False:",
+            (RULES_TESTS + "test_work_the_profiler_cannot_see_is_suspicious",)),
+    Removal("device work proportional to the op", "fusionlab/measure/trial.py",
+            "if seen < needed:", "if False:",
+            (CHEAT + "[a token device op-r3-token-add-statuses15]",)),
+    Removal("replaced clocks", "fusionlab/measure/timing.py",
+            "        if getattr(time, name) is not original:", "        if False:",
+            (CHEAT + "[replacing the clock-r3-clock-perf-counter-statuses7]",)),
+    Removal("audited much slower: inconsistent", "fusionlab/measure/audit.py",
+            "if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:", "if False:",
+            (ROUND3_TESTS + "test_an_audited_latency_much_slower_than_the_decided_one_is_"
+             "inconsistent",)),
+    Removal("a contender that fails its re-measurement is recorded failed", "search/runner.py",
+            "        if dropped:", "        if False:",
+            (ROUND3_TESTS + "test_a_contender_that_fails_its_re_measurement_never_wins_and_"
+             "shows_why",)),
+)
+
+
+def _copy_tree(scratch: Path) -> None:
+    for item in COPIED:
+        source = ROOT / item
+        if source.is_dir():
+            shutil.copytree(source, scratch / item,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        else:
+            shutil.copy(source, scratch / item)
+
+
+def _pytest(scratch: Path, tests: tuple[str, ...]) -> tuple[int, float]:
+    env = {**os.environ, "PYTHONPATH": str(scratch)}
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+    )
+    return done.returncode, time.perf_counter() - start
+
+
+def _without(scratch: Path, removal: Removal) -> tuple[str, float]:
+    """Run the removal's tests with its rule disabled in the copy; the copy is restored after."""
+    path = scratch / removal.path
+    source = path.read_text()
+    if source.count(removal.old) != 1:
+        return "edit not found (update this script)", 0.0
+    path.write_text(source.replace(removal.old, removal.new))
+    try:
+        code, seconds = _pytest(scratch, removal.tests)
+    finally:
+        path.write_text(source)
+    return {0: "SURVIVED", 1: "caught"}.get(code, f"error (pytest exit {code})"), seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="words of rule names to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="print the rules and their tests")
+    args = parser.parse_args()
+    chosen = [r for r in REMOVALS if not args.names or any(w in r.name for w in args.names)]
+    if args.list:
+        print(tabulate([(r.name, r.path, "\n".join(r.tests)) for r in chosen],
+                       headers=["rule", "in", "tests"]))
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="fusionlab-rule-removal-"))
+    try:
+        _copy_tree(scratch)
+        every_test = tuple(dict.fromkeys(t for r in chosen for t in r.tests))
+        code, seconds = _pytest(scratch, every_test)
+        print(f"baseline: {len(every_test)} tests on the unchanged copy: exit {code} "
+              f"({seconds:.0f} s)", flush=True)
+        if code != 0:
+            sys.exit(1)
+        rows = []
+        for removal in chosen:
+            outcome, seconds = _without(scratch, removal)
+            rows.append((removal.name, outcome, f"{seconds:.0f}", removal.tests[0].split("::")[1]))
+            print(f"{removal.name}: {outcome}", flush=True)
+        print(tabulate(rows, headers=["rule removed", "its tests", "s", "test"]))
+        caught = sum(row[1] == "caught" for row in rows)
+        print(f"{caught} of {len(rows)} rules: taking the rule out makes its test fail")
+        sys.exit(0 if caught == len(rows) else 1)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
