@@ -258,10 +258,8 @@ class Sweep:
         if store.is_verdict_key(claim.key):
             self._confirm(cell, claim, worker)
             return
-        # Suggesting records the enqueued values as the trial's params, which TPE learns from.
-        config = cell.space.suggest(claim.trial)
-        if config.key != claim.key:
-            raise RuntimeError(f"Optuna did not replay the enqueued configuration {claim.key}")
+        # Replaying records the enqueued values as the trial's params, which TPE learns from.
+        config = cell.space.replay(claim.trial, claim.key)
         screen = self._screen(cell, config.variant)
         task = TrialTask(
             cell=cell.cell,

@@ -3,6 +3,7 @@ suggests one, define-by-run (the variant first, then that variant's own tunables
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ import optuna
 import optuna.distributions as od
 
 from fusionlab.registry import Params, TunableSpace, Variant
+from fusionlab.search.optuna_adapter import frozen
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,12 @@ class Config:
 
 def make_config(variant: str, params: Mapping[str, Any]) -> Config:
     return Config(variant, tuple(sorted(params.items())))
+
+
+def config_of_key(key: str) -> Config:
+    """The configuration a `Config.key` stands for."""
+    data = json.loads(key)
+    return make_config(data["variant"], data["params"])
 
 
 def _distribution(space: TunableSpace) -> od.BaseDistribution:
@@ -74,6 +82,18 @@ class CellSpace:
         for tunable, value in config.params:
             fixed[self._names[f"{config.variant}.{tunable}"]] = value
         return fixed
+
+    def replay(self, trial: optuna.Trial, key: str) -> Config:
+        """The configuration an enqueued trial stands for (its key), its values recorded as the
+        trial's params when the enqueuer used this space's parameter names. Another plan of the
+        cell (other variants) may have named them otherwise, or bound a name to other choices
+        first, which Optuna refuses: then the params stay unrecorded (the record has them)."""
+        config = config_of_key(key)
+        fixed = frozen(trial).system_attrs.get("fixed_params") or {}
+        if set(self.enqueue_params(config)) <= set(fixed):
+            with contextlib.suppress(ValueError):  # "does not support dynamic value space"
+                self.suggest(trial)
+        return config
 
     def suggest(self, trial: optuna.Trial) -> Config:
         """Define-by-run: choose the variant, then only that variant's tunables."""

@@ -2,7 +2,7 @@
 
 Each variant in `tests/plugins/rule_breakers.py` breaks one rule and is otherwise honest, so each
 test fails when its rule is taken out of `fusionlab/measure/` (checked by removing each rule in
-turn; the list is in the closing note of issue 20). The assertions name the rule's own message,
+turn: `python benchmarks/rule_removal.py`). The assertions name the rule's own message,
 so a different rule catching the variant by luck does not count.
 """
 

@@ -12,8 +12,10 @@ from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.plan import make_plan
+from fusionlab.registry import variants_of
 from fusionlab.search.results_store import is_verdict_key, study_name
 from fusionlab.search.runner import Sweep
+from fusionlab.search.space import CellSpace, make_config
 from fusionlab.search.storage import open_storage
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
@@ -135,3 +137,23 @@ def test_the_closing_line_counts_outcomes_and_what_the_rounds_cost(tmp_path: Pat
         r"\(\+\d+%\), [\d.]+ s of it in \d+ rounds beyond the first 5 of a cell \(budget 3 s a "
         r"cell\), [\d.]+ s in the audit of every contender \(\+\d+% of the search\); "
         rf"cells: 1 {decision}", line or ""), line
+
+
+def test_an_enqueued_trial_replays_its_own_configuration_whoever_bound_the_names(
+        tmp_path: Path) -> None:
+    """Two sweeps of one cell with other variants: a worker that binds its parameter names after
+    the other plan's first trial (so its `variant` name is suffixed) still measures exactly the
+    configuration its planner enqueued under the plain name (before: Optuna sampled another)."""
+    variants = variants_of("rmsnorm")
+    ours = [variants[name] for name in ("builtin", "naive", "compiled", "cpp")]
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'cell.db'}")
+    planner = CellSpace(ours, study)  # bound while the study is empty: plain names
+    other = CellSpace([variants["naive"]], study)
+    first = study.ask()
+    other.suggest(first)  # the other plan's `variant`, with its own choices, comes first
+    study.tell(first, 1.0)
+    config = make_config("builtin", {})
+    study.enqueue_trial(planner.enqueue_params(config))
+    worker = CellSpace(ours, study)  # bound now: `variant` is taken, so its name is suffixed
+    assert worker.enqueue_params(config) != planner.enqueue_params(config)
+    assert worker.replay(study.ask(), config.key) == config
