@@ -55,10 +55,9 @@ def _config(module: str, tests: tuple[str, ...]) -> str:
     ).replace("'", '"')
 
 
-def run_target(name: str, children: int, keep: bool) -> tuple[int, int, list[str]]:
-    """Mutate one target in a scratch copy; returns (mutants, killed, survivors)."""
-    module, tests = TARGETS[name]
-    scratch = Path(tempfile.mkdtemp(prefix=f"fusionlab-mutation-{name}-"))
+def copy_checkout(scratch: Path) -> None:
+    """The checkout's code, tests and packaging files, copied into `scratch` (built objects and
+    caches left out)."""
     for item in COPIED:
         source = ROOT / item
         if source.is_dir():
@@ -66,6 +65,13 @@ def run_target(name: str, children: int, keep: bool) -> tuple[int, int, list[str
                             ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         else:
             shutil.copy(source, scratch / item)
+
+
+def run_target(name: str, children: int, keep: bool) -> tuple[int, int, list[str]]:
+    """Mutate one target in a scratch copy; returns (mutants, killed, survivors)."""
+    module, tests = TARGETS[name]
+    scratch = Path(tempfile.mkdtemp(prefix=f"fusionlab-mutation-{name}-"))
+    copy_checkout(scratch)
     with open(scratch / "pyproject.toml", "a") as config:
         config.write(_config(module, tests))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
