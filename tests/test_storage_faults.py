@@ -28,6 +28,9 @@ from fusionlab.search.storage import open_storage
 
 SLOW = str(PLUGINS / "slow_variants.py")
 CONFIGS = 6  # slow-setup's `copy` tunable
+# A progress line of a measured configuration. Not "[1/": two workers finishing together both
+# count 2, and the first line then reads "[2/6]".
+FIRST_MEASURED = f"/{CONFIGS}] "
 
 
 class Cluster:
@@ -141,7 +144,7 @@ def test_a_sweep_survives_a_20_second_database_outage(cluster: tuple[Cluster, st
                                                       database: str, tmp_path: Path) -> None:
     server, _ = cluster
     sweep = Running(database, tmp_path, FUSIONLAB_TEST_SETUP_S="2", FUSIONLAB_LEASE_S="90")
-    sweep.wait_for("[1/")  # the workers are measuring
+    sweep.wait_for(FIRST_MEASURED)  # the workers are measuring
     server.pause()
     time.sleep(20)
     server.resume()
@@ -162,7 +165,7 @@ def test_a_longer_outage_ends_in_one_line_and_the_sweep_resumes(
     env = {"FUSIONLAB_TEST_SETUP_S": "2", "FUSIONLAB_LEASE_S": "12",
            "FUSIONLAB_STORAGE_RETRY_S": "6"}
     sweep = Running(database, tmp_path, **env)
-    sweep.wait_for("[1/")
+    sweep.wait_for(FIRST_MEASURED)
     server.pause()
     try:
         code = sweep.finish()
