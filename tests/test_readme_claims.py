@@ -147,8 +147,8 @@ def test_ctrl_c_on_sweep_with_workers_stops_them_all_and_the_same_command_resume
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=_own_group_interruptible)
     try:
-        # Ctrl-C while both workers measure (a worker still starting up is another matter: see
-        # the closing note of issue 20).
+        # Ctrl-C while both workers measure (their trial workers ignore SIGINT from their start:
+        # Ctrl-C is the parent's to handle, fusionlab/measure/worker.py).
         deadline = time.monotonic() + 300
         while len(set(_running(url))) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
