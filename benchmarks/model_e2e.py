@@ -87,7 +87,7 @@ def main() -> None:
               "num_hidden_layers": args.layers, "num_attention_heads": 8,
               "num_key_value_heads": 4}
     print(f"Llama hidden {args.hidden}, {args.layers} layers, {args.tokens}-token prefill and one "
-          f"decode step, {torch.get_num_threads()} thread(s); machine shared with other jobs")
+          f"decode step, {torch.get_num_threads()} thread(s)")
     storage = tempfile.mkdtemp(prefix="fusionlab-e2e-")
     for dtype in ("float32", "bfloat16"):
         model = tiny_model("llama-tiny", getattr(torch, dtype), overrides=config)
