@@ -24,10 +24,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("fusionlab", "kernels", "search", "tests", "setup.py", "pyproject.toml")
+COPIED = ("fusionlab", "kernels", "search", "tests", ".ci", "setup.py", "pyproject.toml")
 
 # target -> (the module mutated, its own test files)
 TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -44,15 +47,25 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
 
 
 def _config(module: str, tests: tuple[str, ...]) -> str:
-    package = module.split("/")[0]
-    others = [name for name in COPIED if name not in (package, "pyproject.toml")]
+    others = [name for name in COPIED if name not in ("fusionlab", "kernels", "search",
+                                                       "pyproject.toml")]
     return (
         "\n[tool.mutmut]\n"
-        f'source_paths = ["{package}/"]\n'
-        f'only_mutate = ["{module}"]\n'
+        'source_paths = ["fusionlab/"]\n'
+        f'only_mutate = ["{_installed(module)}"]\n'
         f"pytest_add_cli_args_test_selection = {list(tests)!r}\n"
         f"also_copy = {others!r}\n"
+        # torch's thread pools do not survive a fork of a process that ran tests: fork each
+        # mutant from a server that only imported them
+        'process_isolation = "forkserver"\n'
+        "mutate_only_covered_lines = true\n"
+        "timeout_multiplier = 5.0\n"
     ).replace("'", '"')
+
+
+def _installed(module: str) -> str:
+    """Where `module` sits as installed: kernels/ and search/ inside the fusionlab package."""
+    return module if module.startswith("fusionlab/") else f"fusionlab/{module}"
 
 
 def copy_checkout(scratch: Path) -> None:
@@ -67,26 +80,56 @@ def copy_checkout(scratch: Path) -> None:
             shutil.copy(source, scratch / item)
 
 
-def run_target(name: str, children: int, keep: bool) -> tuple[int, int, list[str]]:
-    """Mutate one target in a scratch copy; returns (mutants, killed, survivors)."""
+@dataclass
+class Outcome:
+    """One target's mutants by mutmut's status, and the survivors by name."""
+
+    counts: Counter[str]
+    survivors: list[str]
+    failure: str = ""
+
+    def line(self, name: str) -> str:
+        if self.failure:
+            return f"{name}: mutmut did not run the mutants: {self.failure}"
+        tested = self.counts["killed"] + self.counts["timeout"] + self.counts["survived"]
+        caught = tested - self.counts["survived"]
+        score = 100 * caught / tested if tested else 0.0
+        others = ", ".join(f"{count} {status}" for status, count in sorted(self.counts.items())
+                           if status not in ("killed", "timeout", "survived"))
+        return (f"{name}: {caught}/{tested} mutants killed ({score:.0f}%; "
+                f"{self.counts['timeout']} of them by timeout), {self.counts['survived']} "
+                f"survived" + (f"; not tested: {others}" if others else ""))
+
+
+def run_target(name: str, children: int, keep: bool) -> Outcome:
+    """Mutate one target in a scratch copy of the checkout."""
     module, tests = TARGETS[name]
     scratch = Path(tempfile.mkdtemp(prefix=f"fusionlab-mutation-{name}-"))
     copy_checkout(scratch)
+    for portion in ("kernels", "search"):
+        # As the wheel lays them out, so a mutant's module name (fusionlab.search.claims) is the
+        # name its file has under the mutated source path.
+        shutil.move(scratch / portion, scratch / "fusionlab" / portion)
     with open(scratch / "pyproject.toml", "a") as config:
         config.write(_config(module, tests))
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     mutmut = [sys.executable, "-m", "mutmut"]
     print(f"== {name}: {module} against {', '.join(tests)} (in {scratch})", flush=True)
-    subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=scratch, env=env,
-                   stdout=subprocess.DEVNULL, check=False)
+    run = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=scratch,
+                         env=env, capture_output=True, text=True, check=False)
     listed = subprocess.run([*mutmut, "results", "--all", "true"], cwd=scratch, env=env,
                             capture_output=True, text=True, check=False).stdout
-    statuses = re.findall(r"^\s*(\S+): (\S+)", listed, re.M)
+    statuses = re.findall(r"^\s*(\S+): (.+?)\s*$", listed, re.M)
+    counts = Counter(status for _, status in statuses)
     survivors = [mutant for mutant, status in statuses if status == "survived"]
-    killed = sum(status == "killed" for _, status in statuses)
+    failure = ""
+    if run.returncode != 0 or not counts["killed"] + counts["survived"]:
+        said = [line for line in (run.stdout + run.stderr).replace("\r", "\n").splitlines()
+                if line.strip() and "\u280b" not in line]
+        failure = f"exit code {run.returncode}: {said[-1].strip() if said else 'nothing said'}"
     if not keep:
         shutil.rmtree(scratch, ignore_errors=True)
-    return len(statuses), killed, survivors
+    return Outcome(counts, survivors, failure)
 
 
 def main() -> int:
@@ -105,14 +148,15 @@ def main() -> int:
         for name, (module, tests) in TARGETS.items():
             print(f"{name:12s} {module}  <-  {' '.join(tests)}")
         return 0
+    failed = False
     for name in args.targets or list(TARGETS):
-        total, killed, survivors = run_target(name, args.children, args.keep)
-        score = 100 * killed / total if total else 0.0
-        print(f"{name}: {killed}/{total} mutants killed ({score:.0f}%), "
-              f"{len(survivors)} survived")
-        for mutant in survivors:
+        started = time.monotonic()
+        outcome = run_target(name, args.children, args.keep)
+        print(f"{outcome.line(name)} [{(time.monotonic() - started) / 60:.1f} min]", flush=True)
+        for mutant in outcome.survivors:
             print(f"  survived: {mutant}")
-    return 0
+        failed |= bool(outcome.failure)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

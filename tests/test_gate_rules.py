@@ -9,12 +9,14 @@ so a different rule catching the variant by luck does not count.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 from conftest import PLUGINS, cpu_cell
 
 from fusionlab.measure import trial
-from fusionlab.measure.limits import SLACK, size_class
+from fusionlab.measure.disturbance import BUSY_NOTE
+from fusionlab.measure.limits import SLACK, LimitsCache, size_class
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
@@ -51,6 +53,7 @@ def _assert_status(record: TrialRecord, status: Status, *phrases: str) -> None:
 @pytest.mark.parametrize(("op", "variant", "shape"), [
     ("rmsnorm", "naive", RMS_SHAPE),
     ("rbcopy", "clone", COPY_SHAPE),
+    ("add_rmsnorm", "builtin-inplace", (4, 64)),  # in place as declared: writes its inputs
 ])
 def test_an_honest_variant_passes_every_rule(op: str, variant: str, shape) -> None:
     record = _trial(variant, op, shape)
@@ -91,6 +94,13 @@ def test_a_variant_that_changes_its_inputs_only_on_later_calls_is_incorrect() ->
     assert "timed call" in record.message or "changed during timing" in record.message
 
 
+def test_an_in_place_variant_wrong_on_later_calls_is_incorrect() -> None:
+    """Its inputs change with every call, so each kept call is judged against the reference of
+    the values it was given."""
+    record = _trial("rb-inplace-wrong-later", "add_rmsnorm", (4, 64))
+    _assert_status(record, Status.INCORRECT, "y in timed call", "max abs error")
+
+
 # --- reused_memory ------------------------------------------------------------------------
 
 
@@ -116,6 +126,13 @@ def test_a_result_cached_by_input_address_is_stale() -> None:
     _assert_status(record, Status.STALE_RESULT, "changed in place", "answer to the old values")
 
 
+def test_a_result_cached_by_its_first_values_is_stale_after_one_far_value_changes() -> None:
+    """Every value changed at once is a new key for it: only the one-element change finds it."""
+    record = _trial("rb-cache-by-head")
+    _assert_status(record, Status.STALE_RESULT, "after one value (flat index",
+                   "answer to the old values")
+
+
 def test_a_wrong_answer_after_an_in_place_change_that_is_not_the_old_one_is_incorrect() -> None:
     """Only the old answer is stale: other wrong values after the change are `incorrect`."""
     record = _trial("rb-garbage-after-refill")
@@ -133,6 +150,44 @@ def test_bandwidth_beyond_the_devices_copy_is_suspicious() -> None:
         assert "that limit was measured while the machine was busy" in record.message
         pytest.skip(f"the copy limit was measured on a busy machine: {record.message}")
     _assert_status(record, Status.SUSPICIOUS, f"flagged above {SLACK:g}x")
+
+
+def _plant_limits(nbytes: int, gbps: float, note: str) -> None:
+    """Copy limits for `nbytes` of float32 on this CPU, as if measured: `gbps` far above what
+    this machine copies, so measuring the copy again never replaces them."""
+    for cold in (False, True):
+        planted = CopyLimits("cpu", "float32", nbytes, size_class(nbytes), gbps, gbps, cold, cold,
+                             1, None, note)
+        trial._LIMITS.put(planted)
+
+
+@pytest.fixture
+def own_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy-limit cache of the test's own: what it plants is gone after it."""
+    monkeypatch.setattr(trial, "_LIMITS", LimitsCache())
+
+
+@pytest.mark.usefixtures("own_limits")
+def test_bandwidth_beyond_a_quiet_copy_limit_is_suspicious_on_a_busy_machine_too() -> None:
+    """The same overclaiming clone, judged against a limit measured quietly (planted at
+    1000 GB/s, several times this machine's copy): the verdict cannot wait for a quiet moment."""
+    _plant_limits(COPY_SHAPE[0] * COPY_SHAPE[1] * 4, 1000.0, "")
+    record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
+    assert record.timing is not None
+    _assert_status(record, Status.SUSPICIOUS, "warm: ", f"flagged above {SLACK:g}x",
+                   "(1e+03 GB/s")
+
+
+@pytest.mark.usefixtures("own_limits")
+def test_a_copy_limit_measured_while_busy_judges_nothing() -> None:
+    """The overclaiming clone against a limit marked busy: not condemned, and the record says
+    which mode went unjudged and why."""
+    _plant_limits(COPY_SHAPE[0] * COPY_SHAPE[1] * 4, 1000.0, f"{BUSY_NOTE} (planted)")
+    record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
+    assert record.status is Status.PASSED, record.message
+    for mode in record.limits:
+        assert f"{mode} not judged: " in record.message, record.message
+    assert f"that limit was {BUSY_NOTE} (planted)" in record.message
 
 
 def test_work_the_profiler_cannot_see_is_suspicious() -> None:
@@ -156,6 +211,13 @@ def test_the_copy_is_measured_again_before_a_suspicious_verdict() -> None:
     assert record.status is Status.PASSED, record.message
     for mode, cold in (("warm", False), ("cold", True)):
         assert record.limits[mode].limit_gbps > 1e3 * planted[cold].limit_gbps
+
+
+def test_a_variant_that_replaces_the_clock_is_suspicious(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(time, "perf_counter", time.perf_counter)  # put back after the test
+    record = _trial("rb-stops-the-clock")
+    _assert_status(record, Status.SUSPICIOUS, "time.perf_counter",
+                   "a variant may not touch the clocks that time it")
 
 
 # --- runtime_error and compile_error ------------------------------------------------------

@@ -1,5 +1,7 @@
 """The correctness gate and the measurement path, on real tensors in this process."""
 
+import time
+
 import torch
 from conftest import cpu_cell
 
@@ -72,7 +74,9 @@ def wrong_dtype(device_type: str):
 
 
 def test_builtin_passes_with_full_record() -> None:
+    start = time.monotonic()
     record = _trial("builtin", shape=(2, 3, 64), dtype="bfloat16")
+    wall_s = time.monotonic() - start
     assert record.status is Status.PASSED, record.message
     assert record.accuracy is not None and record.accuracy.max_abs_err <= record.accuracy.atol + 1
     timing = record.timing
@@ -83,6 +87,12 @@ def test_builtin_passes_with_full_record() -> None:
     assert record.cold is not None and record.cold.input_sets > 2  # rotation past the LLC
     assert set(record.limits) == {"warm", "cold"} and record.limit_share("cold") is not None
     assert record.fusion is not None and record.fusion.device_ops == 1
+    # What the harness cost, and where: every phase once, within the trial's own wall time.
+    assert 0 < record.trial_s <= wall_s
+    assert list(record.phases_s) == ["inputs, build, first call", "warm timing", "cold timing",
+                                     "gate checks, copy limits", "profiler pass"]
+    assert all(seconds > 0 for seconds in record.phases_s.values())
+    assert sum(record.phases_s.values()) <= record.trial_s
 
 
 def test_wrong_values_are_incorrect() -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fusionlab import OpSpec, Tolerance, register_op, register_variant
+from fusionlab.kernels.add_rmsnorm.framework import builtin_add_rmsnorm_
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 
 CPU = ("cpu",)
@@ -145,6 +146,21 @@ def cache_by_pointer(device_type: str):
     return kernel
 
 
+@register_variant("rmsnorm", "rb-cache-by-head", devices=CPU)
+def cache_by_head(device_type: str):
+    """Keys its cache on the input's address and its first few values: a change of every value
+    recomputes, a change far from the start hands back the old answer."""
+    cache: dict[tuple[int, bytes], torch.Tensor] = {}
+
+    def kernel(x, weight, eps):
+        key = (x.data_ptr(), x.reshape(-1)[:8].numpy().tobytes())
+        if key not in cache:
+            cache[key] = naive_rmsnorm(x, weight, eps)
+        return cache[key].clone()
+
+    return kernel
+
+
 @register_variant("rmsnorm", "rb-garbage-after-refill", devices=CPU)
 def garbage_after_refill(device_type: str):
     """Right on every input set as generated; when a tensor it has seen comes back with other
@@ -213,6 +229,39 @@ def graph_break_fullgraph(device_type: str):
         return naive_rmsnorm(h, weight, eps).to(x.dtype)
 
     return torch.compile(chain, fullgraph=True, backend="eager")
+
+
+@register_variant("add_rmsnorm", "rb-inplace-wrong-later", devices=CPU,
+                  inplace={"y": "x", "residual_out": "residual"})
+def inplace_wrong_later(device_type: str):
+    """In place as declared and right on its first call; later calls scale y by 1 + 2**-4: only
+    the references taken just before each kept call (the inputs change every call) see it."""
+    calls = itertools.count()
+
+    def kernel(x, residual, weight, eps):
+        y, total = builtin_add_rmsnorm_(x, residual, weight, eps)
+        if next(calls):
+            y.mul_(1.0 + 2.0**-4)
+        return y, total
+
+    return kernel
+
+
+@register_variant("rmsnorm", "rb-stops-the-clock", devices=CPU)
+def stops_the_clock(device_type: str):
+    """Right values; replaces time.perf_counter (for good: restore it after the trial) so that
+    60% of each call never shows on it."""
+    real = time.perf_counter
+    stolen = [0.0]
+    time.perf_counter = lambda: real() - stolen[0]
+
+    def kernel(x, weight, eps):
+        start = real()
+        out = naive_rmsnorm(x, weight, eps)
+        stolen[0] += 0.6 * (real() - start)
+        return out
+
+    return kernel
 
 
 @register_variant("rmsnorm", "rb-numpy-hidden", devices=CPU, dtypes=("float32",))
