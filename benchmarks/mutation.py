@@ -38,7 +38,7 @@ TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
     "claims": ("search/claims.py", ("tests/test_claims.py",)),
     "correctness": (
         "fusionlab/measure/correctness.py",
-        ("tests/test_gate_rules.py", "tests/test_trial.py"),
+        ("tests/test_value_check.py", "tests/test_gate_rules.py", "tests/test_trial.py"),
     ),
     "trial": ("fusionlab/measure/trial.py", ("tests/test_gate_rules.py", "tests/test_trial.py")),
     "timing": ("fusionlab/measure/timing.py", ("tests/test_trial.py", "tests/test_gate_rules.py")),
@@ -101,8 +101,8 @@ class Outcome:
                 f"survived" + (f"; not tested: {others}" if others else ""))
 
 
-def run_target(name: str, children: int, keep: bool) -> Outcome:
-    """Mutate one target in a scratch copy of the checkout."""
+def _scratch_for(name: str) -> Path:
+    """A fresh scratch copy of the checkout, laid out and configured for target `name`."""
     module, tests = TARGETS[name]
     scratch = Path(tempfile.mkdtemp(prefix=f"fusionlab-mutation-{name}-"))
     copy_checkout(scratch)
@@ -112,14 +112,41 @@ def run_target(name: str, children: int, keep: bool) -> Outcome:
         shutil.move(scratch / portion, scratch / "fusionlab" / portion)
     with open(scratch / "pyproject.toml", "a") as config:
         config.write(_config(module, tests))
+    return scratch
+
+
+def _statuses(scratch: Path, env: dict[str, str]) -> list[tuple[str, str]]:
+    listed = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"],
+                            cwd=scratch, env=env, capture_output=True, text=True,
+                            check=False).stdout
+    return re.findall(r"^\s*(\S+): (.+?)\s*$", listed, re.M)
+
+
+def run_target(name: str, children: int, keep: bool, again: Path | None) -> Outcome:
+    """Mutate one target in a scratch copy of the checkout; with `again`, a kept scratch folder
+    of an earlier run gets this checkout's tests and re-runs only the mutants that survived."""
+    module, tests = TARGETS[name]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    mutmut = [sys.executable, "-m", "mutmut"]
-    print(f"== {name}: {module} against {', '.join(tests)} (in {scratch})", flush=True)
-    run = subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=scratch,
-                         env=env, capture_output=True, text=True, check=False)
-    listed = subprocess.run([*mutmut, "results", "--all", "true"], cwd=scratch, env=env,
-                            capture_output=True, text=True, check=False).stdout
-    statuses = re.findall(r"^\s*(\S+): (.+?)\s*$", listed, re.M)
+    chosen: list[str] = []
+    if again is None:
+        scratch = _scratch_for(name)
+    else:
+        scratch, keep = again, True
+        if (scratch / _installed(module)).read_bytes() != (ROOT / module).read_bytes():
+            return Outcome(Counter(), [], f"{module} changed since the run in {scratch}: "
+                                          "run the target whole again")
+        for item in ("tests", ".ci"):
+            shutil.rmtree(scratch / item)
+            shutil.copytree(ROOT / item, scratch / item,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        chosen = [mutant for mutant, status in _statuses(scratch, env) if status == "survived"]
+    print(f"== {name}: {module} against {', '.join(tests)} (in {scratch})"
+          + (f", the {len(chosen)} survivors again" if again else ""), flush=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "mutmut", "run", "--max-children", str(children), *chosen],
+        cwd=scratch, env=env, capture_output=True, text=True, check=False,
+    )
+    statuses = _statuses(scratch, env)
     counts = Counter(status for _, status in statuses)
     survivors = [mutant for mutant, status in statuses if status == "survived"]
     failure = ""
@@ -139,10 +166,17 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true",
                         help="keep the scratch folder (for `mutmut show NAME` there)")
     parser.add_argument("--list", action="store_true", help="list the targets and stop")
+    parser.add_argument("--again", type=Path, metavar="SCRATCH",
+                        help="a folder kept by --keep: re-run its survivors against this "
+                             "checkout's tests (one target, its module unchanged)")
     args = parser.parse_args()
     unknown = [name for name in args.targets if name not in TARGETS]
     if unknown:
         print(f"unknown target(s) {unknown}: choose from {', '.join(TARGETS)}", file=sys.stderr)
+        return 2
+    if args.again and (len(args.targets) != 1 or not (args.again / "mutants").is_dir()):
+        print("--again takes one target and a folder an earlier --keep run left",
+              file=sys.stderr)
         return 2
     if args.list:
         for name, (module, tests) in TARGETS.items():
@@ -151,7 +185,7 @@ def main() -> int:
     failed = False
     for name in args.targets or list(TARGETS):
         started = time.monotonic()
-        outcome = run_target(name, args.children, args.keep)
+        outcome = run_target(name, args.children, args.keep, args.again)
         print(f"{outcome.line(name)} [{(time.monotonic() - started) / 60:.1f} min]", flush=True)
         for mutant in outcome.survivors:
             print(f"  survived: {mutant}")

@@ -5,7 +5,8 @@ rule below, a scratch copy of the checkout gets that one rule disabled (an exact
 source), and the rule's tests run against the copy (PYTHONPATH points at it, so the copy is what
 the tests and the measuring workers import). "caught" means the tests failed, as they must;
 "SURVIVED" means nothing noticed the rule was gone; "skipped" means the test could not judge.
-First the same tests run on the unchanged copy, which must pass. Exit code 1 unless every rule is caught.
+First the same tests run on the unchanged copy, which must pass. Exit code 1 unless every rule
+is caught.
 
     python benchmarks/rule_removal.py            # every rule (about 2 minutes here)
     python benchmarks/rule_removal.py --list     # the rules and their tests

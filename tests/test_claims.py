@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 from pg_cluster import postgres_url  # noqa: F401  (fixture)
 
 from fusionlab.search import claims
+from fusionlab.search.retry import StorageUnavailable
 from fusionlab.search.storage import open_storage
 
 # 32 renewal periods per lease: a holder whose renewals a loaded 2-core machine delays by seconds
@@ -182,16 +183,21 @@ def test_lease_is_renewed_while_held_and_expires_when_holder_stops(url: str) -> 
     silent = claims.claim_next(study, "silent:2", lease)
     assert alive is not None and silent is not None
     silent._end()  # its renewals stop, as if its process froze
-    stopped, taken = time.monotonic(), 0
-    while taken == 0 and time.monotonic() < stopped + 60:
+    stopped = time.monotonic()
+    while claims.status(study, lease).expired == {} and time.monotonic() < stopped + 60:
         time.sleep(0.25)
-        taken = claims.take_over_stale(study, lease)
-    assert taken == 1  # only the silent one
     assert time.monotonic() - stopped >= lease.seconds - 0.5  # not before its lease ran out
-    assert claims.status(study).running == {"alive:1": 1}
+    expired = claims.status(study, lease)
+    assert (expired.running, expired.expired) == ({"alive:1": 1}, {"silent:2": 1})
+    assert claims.take_over_stale(study, lease) == 1  # only the silent one
+    taken = claims.status(study, lease)
+    assert (taken.running, taken.expired) == ({"alive:1": 1}, {})
+    assert (taken.waiting, taken.retried, taken.done) == (1, 1, 0)
     assert alive.finish(1.0) and not silent.finish(2.0)
     retry = claims.claim_next(study, "other:3", lease)
     assert retry is not None and retry.key == silent.key
+    assert retry.trial.user_attrs["retry_of"] == silent.trial.number
+    assert retry.trial.user_attrs["retry_why"] == "lease expired"
     assert retry.finish(2.0)
     assert claims.claim_next(study, "other:3", lease) is None
 
@@ -212,6 +218,66 @@ def test_tpe_proposals_are_deduped_and_claimed_once(url: str) -> None:
         assert claim.finish(float(claim.trial.suggest_int("x", 0, 3)))
         measured.append(claim.key)
     assert sorted(measured) == sorted(fresh)
+
+
+def test_each_proposal_tells_tpe_what_became_of_it(url: str) -> None:
+    """A new proposal is enqueued; one already waiting is not enqueued again and ends FAIL (TPE
+    ignores it); one measured already ends with its stored value (TPE sees the point again); a
+    suggestion that cannot run ends PRUNED and enqueues nothing."""
+    study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
+
+    def one(trial: optuna.Trial) -> tuple[str, dict[str, Any]]:
+        return '{"x": 1}', {"x": 1}
+
+    assert claims.propose(study, one) == '{"x": 1}'
+    assert claims.propose(study, one) is None  # waiting already
+    claim = claims.claim_next(study, "me:1", LEASE)
+    assert claim is not None and claim.key == '{"x": 1}'
+    assert claim.finish(float(claim.trial.suggest_int("x", 0, 3)) + 1.5)
+    assert claims.claim_next(study, "me:1", LEASE) is None  # enqueued once
+    assert claims.propose(study, one) is None  # measured already
+    assert claims.propose(study, lambda trial: None) is None
+
+    trials = study.get_trials(deepcopy=False)
+    proposals = [t for t in trials if "proposal" in t.user_attrs]
+    assert [t.user_attrs["proposal"] for t in proposals] == ['{"x": 1}'] * 3
+    assert [t.state for t in proposals] == [TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
+    assert proposals[-1].value == 2.5
+    measured = [t for t in trials if t.user_attrs.get("config") == '{"x": 1}']
+    assert [(t.state, t.value) for t in measured] == [(TrialState.COMPLETE, 2.5)]
+    assert trials[-1].state == TrialState.PRUNED and not trials[-1].user_attrs
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+
+
+def test_each_way_a_claim_ends_is_stored_as_it_says(url: str) -> None:
+    """finish(value) is COMPLETE with the value and the attributes, finish(None) is FAIL,
+    close(why) is PRUNED with why; a claim taken over by another worker is lost."""
+    study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
+    configs = _configs(2 * 16 + 3)  # more than one planning chunk
+    assert claims.plan_cell(study, configs, spread=False) == len(configs)
+    assert claims.plan_cell(study, configs) == 0  # every one live already
+    ended = []
+    for how in ("measured", "failed", "closed"):
+        claim = claims.claim_next(study, "me:1", LEASE, spread=False)
+        assert claim is not None and claim.worker == "me:1"
+        if how == "measured":
+            assert claim.finish(1.25, {"pid": 7})
+        elif how == "failed":
+            assert claim.finish(None, {"why": "it crashed"})
+        else:
+            assert claim.close("nothing left to do")
+        assert not claim.lost
+        ended.append(study.get_trials(deepcopy=False)[claim.trial.number])
+    assert [(t.state, t.value) for t in ended] == [
+        (TrialState.COMPLETE, 1.25), (TrialState.FAIL, None), (TrialState.PRUNED, None)]
+    assert ended[0].user_attrs["pid"] == 7 and ended[1].user_attrs["why"] == "it crashed"
+    assert ended[2].user_attrs[claims.CLOSED] == "nothing left to do"
+    taken = claims.claim_next(study, "slow:2", LEASE, spread=False)
+    assert taken is not None
+    taken._end()  # it stops renewing; another worker takes the claim over
+    assert claims._take_back(study, study.get_trials()[taken.trial.number], "lease expired")
+    assert not taken.finish(2.0) and taken.lost
+    assert study.get_trials(deepcopy=False)[taken.trial.number].state == TrialState.PRUNED
 
 
 def test_one_runner_claims_in_plan_order(url: str) -> None:
@@ -238,5 +304,27 @@ def test_ctrl_c_between_the_pop_and_the_claim_gives_the_trial_back(
     monkeypatch.setattr(claims, "Claim", interrupted)
     with pytest.raises(KeyboardInterrupt):
         claims.claim_next(study, "me:1", LEASE)
-    states = [t.state for t in study.get_trials(deepcopy=False)]
-    assert states == [TrialState.PRUNED, TrialState.WAITING]  # released, then re-enqueued
+    popped, again = study.get_trials(deepcopy=False)
+    assert (popped.state, again.state) == (TrialState.PRUNED, TrialState.WAITING)  # re-enqueued
+    assert again.user_attrs["retry_of"] == popped.number
+    assert again.user_attrs["retry_why"] == "released"
+
+
+def test_a_claim_whose_storage_is_gone_is_left_to_expire(url: str) -> None:
+    """An exception inside `with claim` gives the configuration back, unless the storage is
+    unreachable: then nothing is written and the lease runs out instead."""
+    study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
+    claims.plan_cell(study, _configs(2), spread=False)
+    with pytest.raises(ValueError), claims.claim_next(study, "me:1", LEASE, spread=False):
+        raise ValueError("the measurement broke")
+    gone = claims.claim_next(study, "me:1", LEASE, spread=False)
+    assert gone is not None and gone.key == '{"x": 1}'
+    with pytest.raises(StorageUnavailable), gone:
+        raise StorageUnavailable("the storage went away")
+    gone._thread.join(timeout=30)
+    assert not gone._thread.is_alive()  # its renewals stopped
+    states = {t.user_attrs["config"]: t.state for t in study.get_trials(deepcopy=False)
+              if "retry_of" not in t.user_attrs}
+    assert states == {'{"x": 0}': TrialState.PRUNED, '{"x": 1}': TrialState.RUNNING}
+    (retry,) = [t for t in study.get_trials(deepcopy=False) if "retry_of" in t.user_attrs]
+    assert retry.user_attrs["config"] == '{"x": 0}' and retry.state == TrialState.WAITING

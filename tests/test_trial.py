@@ -125,6 +125,19 @@ def test_exceptions_become_statuses() -> None:
     assert wrong.status is Status.INCORRECT and "dtype" in wrong.message
 
 
+def test_each_trial_counts_its_own_compiles() -> None:
+    """Compile time belongs to the trial that paid it: the first torch.compile trial compiles
+    its graph (or finds it in the on-disk cache a run before left), the second finds it there
+    (each trial starts from a reset dynamo); an eager variant compiles nothing."""
+    params = {"mode": "default", "dynamic": False}
+    first, second = (_trial("compiled", params=params) for _ in range(2))
+    eager = _trial("naive")
+    assert first.status is second.status is eager.status is Status.PASSED
+    assert sum(first.compiles.values()) == 1
+    assert second.compiles == {"fxgraph_cache_miss": 0, "fxgraph_cache_hit": 1}
+    assert eager.compiles == {"fxgraph_cache_miss": 0, "fxgraph_cache_hit": 0}
+
+
 def test_record_round_trips_through_json() -> None:
     record = _trial("naive")
     import json
