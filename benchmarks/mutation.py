@@ -7,12 +7,16 @@ checkout (mutmut writes a `mutants/` folder and its config there, never here), w
 PYTHONPATH of a worktree, so the mutated copy is what the tests import. Prints the score and the
 surviving mutants of each target, with `mutmut show NAME` (run in the scratch folder) for a diff.
 
-    python benchmarks/mutation.py                      # every target below (about 20+ minutes)
-    python benchmarks/mutation.py verdict claims       # the named targets only
+    python benchmarks/mutation.py verdict claims       # the named targets (all when none)
     python benchmarks/mutation.py --list               # the targets and their tests
+    python benchmarks/mutation.py trial --keep         # keep the scratch folder, then ...
+    python benchmarks/mutation.py trial --again DIR    # ... re-run its survivors after new tests
 
-Needs `pip install mutmut` (the `mutation` extra). Slow targets (the gate, the claims) run real
-trials and real worker processes: run them on a quiet machine, one at a time.
+Needs `pip install mutmut` (the `mutation` extra). mutmut runs, for each mutant, only the tests
+that called the mutated function (its stats pass, in this process: a function only worker
+processes call goes untested). Times on this 2-core machine: verdict about 6 minutes, trial
+about 24, claims about 60 (real PostgreSQL and journal storages per mutant); --again re-runs
+only the survivors. Run them on an otherwise quiet machine, one at a time.
 """
 
 from __future__ import annotations
@@ -140,6 +144,8 @@ def run_target(name: str, children: int, keep: bool, again: Path | None) -> Outc
             shutil.copytree(ROOT / item, scratch / item,
                             ignore=shutil.ignore_patterns("__pycache__"))
         chosen = [mutant for mutant, status in _statuses(scratch, env) if status == "survived"]
+        # Which tests call which function, collected anew: changed tests may call more.
+        (scratch / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     print(f"== {name}: {module} against {', '.join(tests)} (in {scratch})"
           + (f", the {len(chosen)} survivors again" if again else ""), flush=True)
     run = subprocess.run(
