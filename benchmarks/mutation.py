@@ -140,7 +140,7 @@ def run_target(name: str, children: int, keep: bool, again: Path | None) -> Outc
             return Outcome(Counter(), [], f"{module} changed since the run in {scratch}: "
                                           "run the target whole again")
         for item in ("tests", ".ci"):
-            shutil.rmtree(scratch / item)
+            shutil.rmtree(scratch / item, ignore_errors=True)
             shutil.copytree(ROOT / item, scratch / item,
                             ignore=shutil.ignore_patterns("__pycache__"))
         chosen = [mutant for mutant, status in _statuses(scratch, env) if status == "survived"]

@@ -171,6 +171,31 @@ def test_planning_twice_leaves_twins_that_are_pruned_not_measured(url: str) -> N
     assert sorted(measured) == sorted(k for k, _ in configs)
     status = claims.status(study)
     assert (status.done, status.waiting, status.duplicates) == (6, 0, 6)
+    trials = study.get_trials(deepcopy=False)
+    for twin in (t for t in trials if "duplicate_of" in t.user_attrs):
+        first = trials[twin.user_attrs["duplicate_of"]]  # the one measured, planned first
+        assert first.state == TrialState.COMPLETE and twin.state == TrialState.PRUNED
+        assert first.user_attrs["config"] == twin.user_attrs["config"]
+        assert first.number < twin.number
+
+
+def test_a_worker_claims_only_the_configurations_it_accepts(url: str) -> None:
+    """A worker whose plan names fewer variants leaves the others' configurations (and trials
+    enqueued without a configuration key) waiting for someone else."""
+    study = _study(url, f"cell-{uuid.uuid4().hex[:8]}")
+    claims.plan_cell(study, _configs(4))
+    study.enqueue_trial({"x": 9})  # someone else's, with no key
+
+    def only_two(key: str) -> bool:
+        return key == '{"x": 2}'
+
+    claim = claims.claim_next(study, "me:1", LEASE, accept=only_two)
+    assert claim is not None and claim.key == '{"x": 2}'
+    assert claim.finish(2.0)
+    assert claims.claim_next(study, "me:1", LEASE, accept=only_two) is None
+    assert claims.status(study).waiting == 3  # the other three keyed ones, still there
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    assert states.count(TrialState.WAITING) == 4 and states.count(TrialState.COMPLETE) == 1
 
 
 def test_lease_is_renewed_while_held_and_expires_when_holder_stops(url: str) -> None:
