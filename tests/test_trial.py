@@ -78,6 +78,7 @@ def test_builtin_passes_with_full_record() -> None:
     record = _trial("builtin", shape=(2, 3, 64), dtype="bfloat16")
     wall_s = time.monotonic() - start
     assert record.status is Status.PASSED, record.message
+    assert (record.variant, record.params, record.seed) == ("builtin", {}, 3)
     assert record.accuracy is not None and record.accuracy.max_abs_err <= record.accuracy.atol + 1
     timing = record.timing
     assert timing is not None and len(timing.samples_ms) >= 5
@@ -86,6 +87,7 @@ def test_builtin_passes_with_full_record() -> None:
     assert record.gbps("warm") is not None and record.gbps("warm") > 0
     assert record.cold is not None and record.cold.input_sets > 2  # rotation past the LLC
     assert set(record.limits) == {"warm", "cold"} and record.limit_share("cold") is not None
+    assert not record.limits["warm"].cold and record.limits["cold"].cold  # each its own copy
     assert record.fusion is not None and record.fusion.device_ops == 1
     # What the harness cost, and where: every phase once, within the trial's own wall time.
     assert 0 < record.trial_s <= wall_s
