@@ -179,6 +179,17 @@ def test_bandwidth_beyond_a_quiet_copy_limit_is_suspicious_on_a_busy_machine_too
 
 
 @pytest.mark.usefixtures("own_limits")
+def test_an_honest_copy_under_a_quiet_copy_limit_passes() -> None:
+    """The control: the same clone, claiming only the bytes it moves, is judged against the
+    planted quiet limit (not skipped for a busy machine) and passes."""
+    _plant_limits(COPY_SHAPE[0] * COPY_SHAPE[1] * 4, 1000.0, "")
+    record = _trial("clone", "rbcopy", COPY_SHAPE)
+    assert record.status is Status.PASSED, record.message
+    assert "not judged" not in record.message
+    assert all(limit.limit_gbps == 1000.0 for limit in record.limits.values())
+
+
+@pytest.mark.usefixtures("own_limits")
 def test_a_copy_limit_measured_while_busy_judges_nothing() -> None:
     """The overclaiming clone against a limit marked busy: not condemned, and the record says
     which mode went unjudged and why."""
