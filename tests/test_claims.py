@@ -193,7 +193,8 @@ def test_a_worker_claims_only_the_configurations_it_accepts(url: str) -> None:
     assert claim is not None and claim.key == '{"x": 2}'
     assert claim.finish(2.0)
     assert claims.claim_next(study, "me:1", LEASE, accept=only_two) is None
-    assert claims.status(study).waiting == 3  # the other three keyed ones, still there
+    still = claims.status(study)
+    assert (still.waiting, still.done, still.duplicates) == (3, 1, 0)  # the other three wait
     states = [t.state for t in study.get_trials(deepcopy=False)]
     assert states.count(TrialState.WAITING) == 4 and states.count(TrialState.COMPLETE) == 1
 
