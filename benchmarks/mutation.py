@@ -59,8 +59,8 @@ def _config(module: str, tests: tuple[str, ...]) -> str:
         f'only_mutate = ["{_installed(module)}"]\n'
         f"pytest_add_cli_args_test_selection = {list(tests)!r}\n"
         f"also_copy = {others!r}\n"
-        # torch's thread pools do not survive a fork of a process that ran tests: fork each
-        # mutant from a server that only imported them
+        # mutmut's advice for test setups that are not fork-safe (torch among them): fork
+        # each mutant from a server that only imported the tests
         'process_isolation = "forkserver"\n'
         "mutate_only_covered_lines = true\n"
         "timeout_multiplier = 5.0\n"
