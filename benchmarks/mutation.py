@@ -72,10 +72,10 @@ def _installed(module: str) -> str:
     return module if module.startswith("fusionlab/") else f"fusionlab/{module}"
 
 
-def copy_checkout(scratch: Path) -> None:
-    """The checkout's code, tests and packaging files, copied into `scratch` (built objects and
-    caches left out)."""
-    for item in COPIED:
+def copy_checkout(scratch: Path, items: tuple[str, ...] = COPIED) -> None:
+    """The checkout's code, tests and packaging files (or only `items` of them), copied into
+    `scratch` (built objects and caches left out)."""
+    for item in items:
         source = ROOT / item
         if source.is_dir():
             shutil.copytree(source, scratch / item,
@@ -141,8 +141,7 @@ def run_target(name: str, children: int, keep: bool, again: Path | None) -> Outc
                                           "run the target whole again")
         for item in ("tests", ".ci"):
             shutil.rmtree(scratch / item, ignore_errors=True)
-            shutil.copytree(ROOT / item, scratch / item,
-                            ignore=shutil.ignore_patterns("__pycache__"))
+        copy_checkout(scratch, ("tests", ".ci"))
         chosen = [mutant for mutant, status in _statuses(scratch, env) if status == "survived"]
         # Which tests call which function, collected anew: changed tests may call more.
         (scratch / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
@@ -158,11 +157,16 @@ def run_target(name: str, children: int, keep: bool, again: Path | None) -> Outc
     failure = ""
     if run.returncode != 0 or not counts["killed"] + counts["survived"]:
         said = [line for line in (run.stdout + run.stderr).replace("\r", "\n").splitlines()
-                if line.strip() and "\u280b" not in line]
+                if line.strip() and not _spinner(line)]
         failure = f"exit code {run.returncode}: {said[-1].strip() if said else 'nothing said'}"
     if not keep:
         shutil.rmtree(scratch, ignore_errors=True)
     return Outcome(counts, survivors, failure)
+
+
+def _spinner(line: str) -> bool:
+    """Whether `line` is a frame of mutmut's progress spinner (braille glyphs)."""
+    return any("\u2800" <= char <= "\u28ff" for char in line)
 
 
 def main() -> int:
