@@ -66,7 +66,7 @@ class Dispatcher:
     ) -> None:
         """`allow_inplace`: also dispatch to variants that write their results into their inputs
         (as vLLM's fused_add_rms_norm does); off by default, since callers keep their inputs."""
-        if rank_by not in RANK_MODES:  # issue 17: bad input to the Python API
+        if rank_by not in RANK_MODES:  # bad input to the Python API
             raise ValueError(f"rank_by must be one of {', '.join(RANK_MODES)}, not {rank_by!r}")
         self.spec = get_op(op)
         self._allow_inplace = allow_inplace

@@ -111,7 +111,7 @@ def write_verdict(study: optuna.Study, mode: str, verdict: Verdict) -> None:
 
 def write_dropped(study: optuna.Study, dropped: dict[str, dict[str, str]]) -> None:
     """Record contenders that failed their re-measurement rounds or audit (config label ->
-    status and message): loaded cells show them failed, so they never win (issue 15)."""
+    status and message): loaded cells show them failed, so they never win."""
     stored = {**study.user_attrs.get(DROPPED_ATTR, {}), **dropped}
     study.set_user_attr(DROPPED_ATTR, stored)
 

@@ -99,7 +99,7 @@ class Sweep:
         self.measured_here: list[str] = []
         self.search_s = 0.0  # wall time of this runner's measurements of configurations
         self.confirm_s = 0.0  # and of its interleaved re-measurements
-        self.audit_s = 0.0  # the part of confirm_s spent auditing contenders (issue 15)
+        self.audit_s = 0.0  # the part of confirm_s spent auditing contenders
         self.screen_s = 0.0  # and of its brief screening measurements
         self.screened = 0  # configurations screened here
         self.screen_saved = 0  # full measurements the screen made unnecessary
@@ -133,7 +133,7 @@ class Sweep:
         if store.CELL_ATTR not in study.user_attrs:
             store.write_cell(study, cell)
             store.write_metric_name(study, self.plan.rank_by)
-        store.write_plan(study, plan_to_dict(self.plan))  # issue 17: every plan of the cell
+        store.write_plan(study, plan_to_dict(self.plan))  # every plan of the cell
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
@@ -195,7 +195,7 @@ class Sweep:
         study = cell.study
         result = store.cell_from_study(study.user_attrs, study.get_trials(deepcopy=False))
         assert result is not None
-        return result.only(self.plan.variants)  # issue 17: another plan's variants are not ours
+        return result.only(self.plan.variants)  # another plan's variants are not ours
 
     def _advance(self, cell: _OpenCell, worker: TrialWorker) -> bool:
         """Measure what this cell has left to claim; True once nothing is left for anyone."""
@@ -340,7 +340,7 @@ class Sweep:
         if stored is not None and stored.contenders == labels:  # a twin decided it
             claim.close("decided already")
             return
-        # A lone contender gets no rounds, but its audit all the same (issue 15).
+        # A lone contender gets no rounds, but its audit all the same.
         rule = confirm.rule if len(chosen) > 1 else StopRule(min_rounds=0, max_rounds=0)
         task = RoundsTask(
             cell=cell.cell,

@@ -1,4 +1,4 @@
-"""The gate, round three (issue 15): cheats on the measurement itself are caught through the real
+"""The gate, round three: cheats on the measurement itself are caught through the real
 worker path, search trial then re-measurement rounds and audit; honest variants written in
 unusual ways pass at every default shape in fp32 and bf16."""
 

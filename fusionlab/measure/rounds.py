@@ -155,7 +155,7 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
             chosen = usable({"": entry["rounds"]}, quiet, task.rule.min_rounds)
             entry["rounds"] = chosen[""]
     elapsed_s = time.perf_counter() - start
-    # The gate on the rounds and the audit of every contender: one place (issue 15).
+    # The gate on the rounds and the audit of every contender: one place.
     audit_contenders(built, results, task.mode, task.timing, task.decided_ms)
     return {
         "contenders": results,

@@ -1,4 +1,4 @@
-"""Round-three adversarial RMSNorm variants: each class got through the gate once (issue 15).
+"""Round-three adversarial RMSNorm variants: each class got through the gate once.
 Several per class; every one must earn a status with a one-line reason and never win.
 
 They attack the measurement itself: outputs computed only when read, finding the checked call,
