@@ -18,7 +18,7 @@ from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, fit, investigate
 from fusionlab.report.progress import SweepProgress
-from fusionlab.report.tables import best_rows, terminal_table
+from fusionlab.report.tables import best_rows, check_columns, terminal_table
 from fusionlab.results import CellResult, WinnersFile
 from fusionlab.schema import user_facing
 from fusionlab.search.claims import worker_name
@@ -150,6 +150,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
 
 
 def sweep(args: argparse.Namespace) -> int:
+    check_columns(args.columns)
     plan = _plan(args)
     export_format = export.format_for(args.export) if args.export else None
     if args.export:
@@ -191,7 +192,7 @@ def sweep(args: argparse.Namespace) -> int:
     if args.export:
         rows = best_rows(cells, plan.rank_by, plan.calls)
         winners = WinnersFile(args.op, rows, ranked_by=plan.rank_by, storage=url)
-        export.write(args.export, export.render(winners, export_format))
+        export.write(args.export, export.render(winners, export_format, args.columns))
         say(f"wrote {args.export}")
     if runner.interrupted:
         say("interrupted: everything measured so far is stored; run the same command to resume")
@@ -303,6 +304,7 @@ def export_command(args: argparse.Namespace) -> int:
     _check_calls(args.calls)
     planning.load_user_variants(args.plugin)
     get_op(args.op)
+    check_columns(args.columns)
     storage = open_storage(url, must_exist=True, read_only=True)
     if args.output:
         export.check_writable(args.output)
@@ -321,7 +323,8 @@ def export_command(args: argparse.Namespace) -> int:
         if left_out:
             say("more columns: --wide, --columns A,B,C, or --format md for every column")
         return 0
-    text = export.render(WinnersFile(args.op, rows, ranked_by=args.rank_by, storage=url), fmt)
+    winners = WinnersFile(args.op, rows, ranked_by=args.rank_by, storage=url)
+    text = export.render(winners, fmt, args.columns)
     if args.output:
         export.write(args.output, text)
         say(f"wrote {args.output} ({len(cells)} rows)")

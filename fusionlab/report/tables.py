@@ -226,6 +226,38 @@ def column_keys() -> list[str]:
     return [c.key for c in columns()] + list(_COMPACT)
 
 
+def check_columns(chosen: str | None) -> None:
+    """Refuse an unknown `--columns` name before anything is measured or read."""
+    if chosen is not None:
+        pick_columns(chosen, column_keys())
+
+
+def _headers(op: str) -> dict[str, str]:
+    """Each `--columns` key's header for this op."""
+    spec = get_op(op)
+    full = columns(spec.baseline, spec.builtin)
+    return {c.key: c.header for c in full} | {k: h for k, (h, _) in _COMPACT.items()}
+
+
+def _with_compact(rows: list[WinnerRow], op: str) -> list[dict[str, str]]:
+    """The display rows with the terminal's compact columns (winner, decision [95% CI]) too."""
+    shown = display_rows(rows, op)
+    for row, text in zip(rows, shown, strict=True):
+        for header, value_of in _COMPACT.values():
+            value = value_of(row)
+            text[header] = "-" if value is None else value
+    return shown
+
+
+def chosen_rows(rows: list[WinnerRow], op: str, chosen: str) -> tuple[list[str], list[dict]]:
+    """Exactly the `--columns a,b,c` of each row, in that order: the keys and, per row, the
+    header -> text of those columns (an unknown name is a UserError)."""
+    keys = pick_columns(chosen, column_keys())
+    headers = _headers(op)
+    picked = [headers[key] for key in keys]
+    return keys, [{header: text[header] for header in picked} for text in _with_compact(rows, op)]
+
+
 def terminal_table(
     rows: list[WinnerRow],
     op: str,
@@ -240,12 +272,8 @@ def terminal_table(
     keys left out."""
     spec = get_op(op)
     full = columns(spec.baseline, spec.builtin)
-    headers = {c.key: c.header for c in full} | {k: h for k, (h, _) in _COMPACT.items()}
-    shown = display_rows(rows, op)
-    for row, text in zip(rows, shown, strict=True):
-        for header, value_of in _COMPACT.values():
-            value = value_of(row)
-            text[header] = "-" if value is None else value
+    headers = _headers(op)
+    shown = _with_compact(rows, op)
     if chosen is not None:
         keys = pick_columns(chosen, column_keys())
         return fit_table(shown, [headers[k] for k in keys], 10**6, fmt=fmt)[0], []
