@@ -83,6 +83,8 @@ class RoundsTask:
     seed: int = 0
     timing: TimingSettings = field(default_factory=TimingSettings)
     decided_ms: dict[str, float] = field(default_factory=dict)  # search latency, by label
+    # labels measured in every round beside the others, for paired ratios, that decide nothing
+    references: tuple[str, ...] = ()
 
     def run(self) -> dict[str, Any]:
         return run_rounds(self)
@@ -126,7 +128,8 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
     windows: list[dict[str, Any]] = []
     start, longest, stopped = time.perf_counter(), 0.0, "no contender passed"
     while order:
-        passing = [label for label in order if results[label]["status"] == Status.PASSED.value]
+        passing = [label for label in order if results[label]["status"] == Status.PASSED.value
+                   and label not in task.references]
         current = {label: results[label]["rounds"] for label in passing}
         elapsed = time.perf_counter() - start
         reason = task.rule.stop(current, quiet, elapsed, longest) if passing else "all failed"

@@ -26,8 +26,17 @@ def _calls(value: float) -> str:
     return "never" if value == float("inf") else f"{value:.3g}"
 
 
-def _times(value: float) -> str:
-    return f"{value:.2f}x"
+def _speedup(key: str) -> Callable[[WinnerRow], str | None]:
+    """`ratio [low, high]` over the winner, measured side by side; 1.00x for the winner itself."""
+
+    def text(row: WinnerRow) -> str | None:
+        value, interval = getattr(row, key), getattr(row, f"{key}_ci")
+        if value is None:
+            return None
+        return f"{value:.2f}x" if interval is None else (
+            f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]")
+
+    return text
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -35,11 +44,10 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def _ratio(row: WinnerRow) -> str | None:
-    """`runner-up/winner [low, high]`, or the medians' ratio when not re-measured."""
-    if row.ratio is None:
+    """`runner-up/winner [low, high]` from the interleaved rounds; None when not re-measured
+    (a ratio of two unpaired search medians is never shown)."""
+    if row.ratio is None or row.ci_low is None or row.ci_high is None:
         return None
-    if row.ci_low is None or row.ci_high is None:
-        return f"{row.ratio:.2f}x (not re-measured)"
     return f"{row.ratio:.2f}x [{row.ci_low:.2f}, {row.ci_high:.2f}]"
 
 
@@ -77,8 +85,8 @@ def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Colum
         Column("iqr_pct", "IQR %", _field("iqr_pct", _num(1))),
         Column("warm_ms", "warm ms", _field("warm_ms", _sig)),
         Column("cold_ms", "cold ms", _field("cold_ms", _sig)),
-        Column("speedup_vs_baseline", f"vs {baseline}", _field("speedup_vs_baseline", _times)),
-        Column("speedup_vs_builtin", f"vs {builtin}", _field("speedup_vs_builtin", _times)),
+        Column("speedup_vs_baseline", f"vs {baseline}", _speedup("speedup_vs_baseline")),
+        Column("speedup_vs_builtin", f"vs {builtin}", _speedup("speedup_vs_builtin")),
         Column("gbps", "GB/s", _field("gbps", _sig)),
         Column("pct_fresh_copy", "% fresh copy", _field("pct_fresh_copy", _num(0))),
         Column("pct_inplace_copy", "% in-place copy", _field("pct_inplace_copy", _num(0))),
@@ -133,11 +141,17 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     share = best.limit_share(mode)
     if share is not None:
         row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
+    verdict = winner.verdict
+    paired = verdict.versus_winner if verdict is not None and (
+        verdict.winner == best.config_label()) else {}
     for key, name in (("baseline", spec.baseline), ("builtin", spec.builtin)):
         other = per_variant.get(name)
-        other_ms = other.latency_ms(mode) if other is not None else None
-        if other_ms:
-            setattr(row, f"speedup_vs_{key}", other_ms / timing.median_ms)
+        if other is not None and other.config_label() == best.config_label():
+            setattr(row, f"speedup_vs_{key}", 1.0)
+        elif other is not None and other.config_label() in paired:
+            ratio, low, high = paired[other.config_label()]
+            setattr(row, f"speedup_vs_{key}", ratio)
+            setattr(row, f"speedup_vs_{key}_ci", [low, high])
         setattr(row, f"break_even_vs_{key}", break_even(best, other, cell, mode))
     if winner.runner_up is not None:
         row.runner_up = winner.runner_up.variant
@@ -148,14 +162,9 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
             row.out_of_place = OutOfPlace(
                 keeps_inputs.record.variant, dict(keeps_inputs.record.params)
             )
-    verdict = winner.verdict
     if verdict is not None and verdict.runner_up:
         row.ratio, row.ci_low, row.ci_high = verdict.ratio, verdict.ci_low, verdict.ci_high
         row.reason = verdict.reason
-    elif winner.runner_up is not None:
-        runner_ms = winner.runner_up.latency_ms(mode)
-        if runner_ms:
-            row.ratio = runner_ms / timing.median_ms
     if winner.runner_up is not None or winner.verdict is not None:
         row.decision = winner.decision
     if best.fusion is not None:
