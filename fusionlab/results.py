@@ -167,7 +167,9 @@ class WinnerRow(Stored):
     runner-up over the winner, from the interleaved rounds (None when not re-measured).
     speedup_vs_baseline / _builtin: that variant's best over the winner, measured in the same
     rounds, with its `_ci` [low, high] (None when not measured side by side; 1.0 when it is the
-    winner). failed of measured
+    winner). `disturbed`: the keys of the figures that come from a window other processes
+    disturbed (after re-measuring it), shown marked; `noisy`: those whose timing's IQR is above
+    report/tables.py's NOISY_IQR, shown with fewer digits. failed of measured
     configurations, `failures` by status.
     """
 
@@ -209,6 +211,8 @@ class WinnerRow(Stored):
     ops_per_call: float | None = None
     idle_pct: float | None = None
     mb_per_call: float | None = None
+    disturbed: list[str] = field(default_factory=list)  # column keys measured while busy
+    noisy: list[str] = field(default_factory=list)  # column keys whose IQR is above NOISY_IQR
 
 
 @dataclass

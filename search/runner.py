@@ -20,7 +20,7 @@ import optuna
 from optuna.storages import BaseStorage
 
 from fusionlab.cell import Cell
-from fusionlab.measure import disturbance
+from fusionlab.measure import disturbance, stalls
 from fusionlab.measure.rounds import RoundsTask, StopRule
 from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
@@ -131,6 +131,7 @@ class Sweep:
         self.extra_rounds_s = 0.0
         # (cell label, what other processes did) for each timed window
         self.windows: list[tuple[str, dict]] = []
+        self.stalled: list[str] = []  # configurations whose samples show a barrier stall
         self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
@@ -305,6 +306,8 @@ class Sweep:
             self.search_s += seconds
         if record.disturbance:
             self.windows.append((cell.cell.label, record.disturbance))
+        if record.passed and stalls.stalled(record):
+            self.stalled.append(f"{cell.cell.label} {record.config_label()}")
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
@@ -433,6 +436,9 @@ class Sweep:
             verdict.versus_winner = _versus_winner(verdict.winner, contenders, outcome,
                                                    self._baselines(result))
             verdict.rounds = {k: v for k, v in rounds.items() if k != "windows"}
+            quiet = rounds["run"] - rounds["disturbed"]
+            verdict.rounds["from_disturbed"] = bool(rounds["disturbed"]) and (
+                quiet < rule.min_rounds)
             if rounds.get("disturbed"):
                 verdict.reason += (
                     f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
@@ -478,6 +484,10 @@ class Sweep:
                 if decisions[name]
             )
         return line
+
+    def stall_warning(self) -> str | None:
+        """One line naming the configurations a barrier stall slowed, with the remedy."""
+        return stalls.stall_line(self.stalled, self.plan.threads) if self.stalled else None
 
     def busy_warning(self) -> str | None:
         """One line with the figure when other processes disturbed this runner's timings."""

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.report.fit import fit_table, pick_columns
 from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
-from fusionlab.results import CellResult, OutOfPlace, WinnerRow
+from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
 from fusionlab.shapes import format_shape
 
 
@@ -54,6 +56,53 @@ def _ratio(row: WinnerRow) -> str | None:
 def _failed(row: WinnerRow) -> str:
     detail = ", ".join(f"{n} {status}" for status, n in sorted(row.failures.items()))
     return f"{row.failed}/{row.measured}" + (f" ({detail})" if detail else "")
+
+
+BUSY_MARK = "!"
+"""Follows a figure measured while other processes used more than a quarter of the cores (after
+the re-measurements a disturbed window gets): slower and noisier than on a quiet machine."""
+
+SEARCH_FIGURES = ("median_ms", "iqr_pct", "warm_ms", "cold_ms", "gbps", "pct_fresh_copy",
+                  "pct_inplace_copy")
+"""The figures a row takes from its winner's search trial."""
+ROUND_FIGURES = ("ratio", "speedup_vs_baseline", "speedup_vs_builtin", "decision")
+"""The figures a row takes from the cell's interleaved rounds."""
+
+
+def disturbed_figures(best: TrialRecord, verdict: Verdict | None) -> list[str]:
+    """The keys of the row's figures that come from a disturbed window: the winner's trial
+    (still disturbed after its re-measurements), the rounds (fewer quiet rounds than a verdict
+    needs, so disturbed ones were used)."""
+    busy = list(SEARCH_FIGURES) if best.disturbance.get("disturbed") else []
+    if verdict is not None and verdict.rounds.get("from_disturbed"):
+        busy += ROUND_FIGURES
+    return busy
+
+
+NOISY_IQR = 0.10
+"""A figure whose timing's IQR is above this share of its median (torch.utils.benchmark's
+warning threshold) is shown with ROUGH_DIGITS significant digits after a `~`."""
+ROUGH_DIGITS = 2
+
+
+def rough(value: float) -> str:
+    """`~` and the value to ROUGH_DIGITS significant digits (never in exponent notation)."""
+    if value == 0 or not math.isfinite(value):
+        return f"~{value:g}"
+    decimals = ROUGH_DIGITS - 1 - math.floor(math.log10(abs(value)))
+    return f"~{round(value, decimals):.{max(decimals, 0)}f}"
+
+
+def noisy_figures(best: TrialRecord, mode: str) -> list[str]:
+    """The keys of the row's figures from a timing whose IQR is above NOISY_IQR."""
+    ranked = best.timing_for(mode)
+    noisy = []
+    if ranked is not None and ranked.relative_iqr > NOISY_IQR:
+        noisy += ["median_ms", "gbps", "pct_fresh_copy", "pct_inplace_copy"]
+    for key, timing in (("warm_ms", best.timing), ("cold_ms", best.cold)):
+        if timing is not None and timing.relative_iqr > NOISY_IQR:
+            noisy.append(key)
+    return noisy
 
 
 @dataclass(frozen=True)
@@ -142,6 +191,8 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     if share is not None:
         row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
     verdict = winner.verdict
+    row.disturbed = disturbed_figures(best, verdict)
+    row.noisy = noisy_figures(best, mode)
     paired = verdict.versus_winner if verdict is not None and (
         verdict.winner == best.config_label()) else {}
     for key, name in (("baseline", spec.baseline), ("builtin", spec.builtin)):
@@ -188,11 +239,27 @@ def display_rows(
     spec = get_op(op)
     shown = []
     for row in rows:
-        text = {c.header: c.text(row) or "-" for c in columns(spec.baseline, spec.builtin)}
+        text = {c.header: _marked(_figure(c, row), c.key in row.disturbed)
+                for c in columns(spec.baseline, spec.builtin)}
         if not with_device:
             text.pop("device")
         shown.append(text)
     return shown
+
+
+def _figure(column: Column, row: WinnerRow) -> str | None:
+    """The column's text for the row, with the digits its noise supports."""
+    value = getattr(row, column.key, None)
+    if column.key in row.noisy and isinstance(value, float):
+        return rough(value)
+    return column.text(row)
+
+
+def _marked(text: str | None, busy: bool) -> str:
+    """The cell's text ('-' for unknown), BUSY_MARK after a figure from a disturbed window."""
+    if text is None:
+        return "-"
+    return text + BUSY_MARK if busy else text
 
 
 def _decision_with_interval(row: WinnerRow) -> str | None:
@@ -252,9 +319,9 @@ def _with_compact(rows: list[WinnerRow], op: str) -> list[dict[str, str]]:
     """The display rows with the terminal's compact columns (winner, decision [95% CI]) too."""
     shown = display_rows(rows, op)
     for row, text in zip(rows, shown, strict=True):
-        for header, value_of in _COMPACT.values():
-            value = value_of(row)
-            text[header] = "-" if value is None else value
+        for key, (header, value_of) in _COMPACT.items():
+            covered = _COVERS[key][-1]  # the winner's params, the decision's ratio
+            text[header] = _marked(value_of(row), covered in row.disturbed)
     return shown
 
 
