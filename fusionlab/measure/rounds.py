@@ -159,7 +159,9 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
             entry["rounds"] = chosen[""]
     elapsed_s = time.perf_counter() - start
     # The gate on the rounds and the audit of every contender: one place (issue 15).
-    audit_contenders(built, results, task.mode, task.timing, task.decided_ms)
+    # The references (the op's own baseline and built-in) decide nothing: no audit for them.
+    deciding = {label: entry for label, entry in built.items() if label not in task.references}
+    audit_contenders(deciding, results, task.mode, task.timing, task.decided_ms)
     return {
         "contenders": results,
         "rounds": {
