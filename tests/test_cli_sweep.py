@@ -110,8 +110,11 @@ def _parse(fmt: str, text: str) -> list[list[str]]:
         return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
     if fmt == "latex":
         lines = [line for line in text.splitlines() if line.endswith("\\\\")]
-        return [[c.strip().replace("\\_", "_").replace("\\%", "%") for c in line[:-2].split("&")]
-                for line in lines]
+        unescaped = {"\\_": "_", "\\%": "%", "\\textasciitilde{}": "~"}
+        rows = [[c.strip() for c in line[:-2].split("&")] for line in lines]
+        for escaped, plain in unescaped.items():
+            rows = [[c.replace(escaped, plain) for c in row] for row in rows]
+        return rows
     parser = _Cells()
     parser.feed(text)
     return parser.rows
@@ -140,12 +143,7 @@ def test_exports_parse_back_to_the_same_rows(swept, fmt: str, tmp_path: Path) ->
 def _number(text: str) -> float:
     """The figure of a table cell: `~` (noisy: fewer digits) and `!` (measured while busy)
     around it, an interval after it."""
-    return float(_plain(text).split()[0].strip("~!").rstrip("x"))
-
-
-def _plain(text: str) -> str:
-    """The cell's text with LaTeX's escape of `~` undone."""
-    return text.replace("\\textasciitilde{}", "~")
+    return float(text.split()[0].strip("~!").rstrip("x"))
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "latex", "html", "json"])
@@ -194,7 +192,7 @@ def test_exports_carry_the_values_of_the_stored_records(swept, fmt: str, tmp_pat
             # Text shows 3 significant digits, speedups 2 decimals; JSON keeps the numbers.
             tolerance = {"rel": 1e-12} if exact else (
                 {"abs": 0.006} if column.startswith("vs ") else
-                {"rel": 0.05 if _plain(row[column]).startswith("~") else 0.006})
+                {"rel": 0.05 if row[column].startswith("~") else 0.006})
             assert _number(row[column]) == pytest.approx(value, **tolerance), (column, row)
         if not exact:
             assert row["failed"] == "3/5 (1 crashed, 1 incorrect, 1 timeout)"
