@@ -3,8 +3,11 @@
 Prints, per cell, each run's winner with its runner-up/winner interval and decision, and flags a
 cell where two runs name different winners that each claim `faster`: the one outcome a
 trustworthy verdict must never produce (an `equivalent` or `inconclusive` cell may name another
-variant). Counts the `inconclusive` cells of every run, and its wall and CPU time. With --hog, a
-busy-loop process per core runs beside every sweep. Exit code 1 when any cell is flagged.
+variant). Counts, per run, the `inconclusive` cells, the ratios outside their own interval (the
+runner-up's, and each vs-baseline ratio: all come from the same interleaved rounds, so none may
+be), the figures marked as measured while busy (`!`) and as noisy (`~`), and its wall and CPU
+time. With --hog, a busy-loop process per core runs beside every sweep. Exit code 1 when any cell
+is flagged or any ratio lies outside its interval.
 
     python benchmarks/stability.py [--op rmsnorm] [--runs 3] [--hog] [-- extra sweep arguments]
 """
@@ -23,7 +26,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from fusionlab.report.tables import display_rows
-from fusionlab.results import WinnersFile
+from fusionlab.results import WinnerRow, WinnersFile
 
 
 def _children_cpu_s() -> float:
@@ -36,8 +39,22 @@ def _hogs(on: bool) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict], float, float]:
-    """One sweep's rows as the tables show them, its wall time and its children's CPU time."""
+def _outside(row: WinnerRow) -> int:
+    """How many of the row's ratios lie outside their own interval."""
+    pairs = [(row.ratio, [row.ci_low, row.ci_high])]
+    pairs += [(row.speedup_vs_baseline, row.speedup_vs_baseline_ci),
+              (row.speedup_vs_builtin, row.speedup_vs_builtin_ci)]
+    return sum(
+        1 for value, interval in pairs
+        if value is not None and interval is not None and None not in interval
+        and not interval[0] <= value <= interval[1]
+    )
+
+
+def _run(
+    op: str, folder: Path, index: int, extra: list[str]
+) -> tuple[list[WinnerRow], float, float]:
+    """One sweep's typed rows, its wall time and its children's CPU time."""
     url = f"sqlite:///{folder / f'run{index}.db'}"
     out = folder / f"run{index}.json"
     start, cpu = time.perf_counter(), _children_cpu_s()
@@ -61,7 +78,7 @@ def _run(op: str, folder: Path, index: int, extra: list[str]) -> tuple[list[dict
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    rows = display_rows(WinnersFile.from_dict(json.loads(out.read_text())).rows, op)
+    rows = WinnersFile.from_dict(json.loads(out.read_text())).rows
     return rows, time.perf_counter() - start, _children_cpu_s() - cpu
 
 
@@ -72,16 +89,22 @@ def main() -> int:
     parser.add_argument("--hog", action="store_true", help="a busy-loop process on every core")
     parser.add_argument("extra", nargs="*", help="more `fusionlab sweep` arguments, after --")
     args = parser.parse_args()
-    runs, summary = [], []
+    runs, summary, outside = [], [], 0
     hogs = _hogs(args.hog)
     try:
         with tempfile.TemporaryDirectory() as name:
             for index in range(args.runs):
-                rows, seconds, cpu = _run(args.op, Path(name), index, args.extra)
-                runs.append(rows)
-                unsure = sum(row["decision"] == "inconclusive" for row in rows)
-                summary.append(f"run {index + 1}: wall {seconds:.1f} s, CPU {cpu:.1f} s, "
-                               f"{unsure} of {len(rows)} cells inconclusive")
+                typed, seconds, cpu = _run(args.op, Path(name), index, args.extra)
+                runs.append(display_rows(typed, args.op))
+                unsure = sum(row.decision == "inconclusive" for row in typed)
+                wrong = sum(_outside(row) for row in typed)
+                outside += wrong
+                summary.append(
+                    f"run {index + 1}: wall {seconds:.1f} s, CPU {cpu:.1f} s, {unsure} of "
+                    f"{len(typed)} cells inconclusive, {wrong} ratios outside their interval, "
+                    f"{sum(len(row.disturbed) for row in typed)} figures marked busy (!), "
+                    f"{sum(len(row.noisy) for row in typed)} marked noisy (~)"
+                )
                 print(summary[-1], file=sys.stderr)
     finally:
         for hog in hogs:
@@ -90,7 +113,7 @@ def main() -> int:
     table, flagged = [], 0
     for cells in zip(*runs, strict=True):
         winners = {row["fastest"] for row in cells}
-        claimed = {row["fastest"] for row in cells if row["decision"] == "faster"}
+        claimed = {row["fastest"] for row in cells if row["decision"].rstrip("!") == "faster"}
         bad = len(claimed) > 1
         flagged += bad
         table.append(
@@ -108,7 +131,8 @@ def main() -> int:
     print(tabulate(table, headers=headers, tablefmt="simple"))
     print("\n".join(summary) + (" (with a busy-loop process on every core)" if args.hog else ""))
     print(f"{flagged} of {len(table)} cells name two different winners that each claim `faster`")
-    return 1 if flagged else 0
+    print(f"{outside} ratios outside their own interval over {args.runs} runs")
+    return 1 if flagged or outside else 0
 
 
 if __name__ == "__main__":

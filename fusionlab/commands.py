@@ -18,7 +18,14 @@ from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.report import export, fit, investigate
 from fusionlab.report.progress import SweepProgress
-from fusionlab.report.tables import best_rows, terminal_table
+from fusionlab.report.tables import (
+    BUSY_MARK,
+    NOISY_IQR,
+    ROUGH_DIGITS,
+    best_rows,
+    check_columns,
+    terminal_table,
+)
 from fusionlab.results import CellResult, WinnersFile
 from fusionlab.schema import user_facing
 from fusionlab.search.claims import worker_name
@@ -44,6 +51,15 @@ RANKING_NOTE = (
     "this device's copy bandwidth at the same size, measured in this run (fresh output with "
     "allocation / into an existing buffer)."
 )
+BUSY_NOTE = (
+    f"{BUSY_MARK} after a figure: measured while other processes used more than a quarter of "
+    "the cores, still so after re-measuring: slower and noisier than on a quiet machine (run "
+    "again when the machine is quiet)"
+)
+NOISY_NOTE = (
+    f"~ before a figure: its timing's IQR is above {100 * NOISY_IQR:.0f}% of its median, so it "
+    f"keeps {ROUGH_DIGITS} significant digits (the IQR % column says how noisy)"
+)
 _WHY = {
     "cold": "inputs rotated past the last-level cache, as an op meets them inside a model",
     "warm": "two input sets that stay in cache: the best case, asked for with --rank-by warm",
@@ -54,13 +70,22 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _busy(record: TrialRecord) -> str:
+    """`  busy!` and the figure when the trial's timing stayed disturbed after re-measuring."""
+    seen = record.disturbance
+    if not seen.get("disturbed"):
+        return ""
+    return (f"  busy{BUSY_MARK} others used {100 * seen['other_share']:.0f}% of the cores "
+            f"({seen.get('attempts', 1)} attempts)")
+
+
 def _progress(record: TrialRecord, index: int, total: int, prefix: str = "") -> None:
     where = f"{prefix}[{index}/{total}] {format_shape(record.shape)} {record.dtype:<8}"
     if record.passed and record.timing is not None:
         cold = f", cold {record.cold.median_ms:.4g} ms" if record.cold is not None else ""
         detail = (
             f"warm {record.timing.median_ms:.4g} ms ±{100 * record.timing.relative_iqr:.1f}%"
-            f"{cold}  first use {record.first_use_ms or 0:.4g} ms"
+            f"{cold}  first use {record.first_use_ms or 0:.4g} ms{_busy(record)}"
         )
     else:
         detail = f"{record.status.value.upper()}: {record.message}"
@@ -88,6 +113,10 @@ def print_table(
             f"{record.status.value}: {record.message[:160]}"
             for record in cell.failures()
         )
+    if any(row.disturbed for row in rows):
+        notes.append(BUSY_NOTE)
+    if any(row.noisy for row in rows):
+        notes.append(NOISY_NOTE)
     note = RANKING_NOTE.format(mode=mode, why=_WHY[mode])
     if calls is not None:
         note = f"ranked by first use + {calls} x {mode} latency (--calls); " + note
@@ -150,6 +179,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
 
 
 def sweep(args: argparse.Namespace) -> int:
+    check_columns(args.columns)
     plan = _plan(args)
     export_format = export.format_for(args.export) if args.export else None
     if args.export:
@@ -191,7 +221,7 @@ def sweep(args: argparse.Namespace) -> int:
     if args.export:
         rows = best_rows(cells, plan.rank_by, plan.calls)
         winners = WinnersFile(args.op, rows, ranked_by=plan.rank_by, storage=url)
-        export.write(args.export, export.render(winners, export_format))
+        export.write(args.export, export.render(winners, export_format, args.columns))
         say(f"wrote {args.export}")
     if runner.interrupted:
         say("interrupted: everything measured so far is stored; run the same command to resume")
@@ -205,9 +235,9 @@ def _say_time_split(runner: Sweep) -> None:
     line = runner.closing_line()
     if line:
         say(line)
-    warning = runner.busy_warning()
-    if warning:
-        say(f"warning: {warning}")
+    for warning in (runner.busy_warning(), runner.stall_warning()):
+        if warning:
+            say(f"warning: {warning}")
 
 
 def _wait_for_workers(workers: list[subprocess.Popen]) -> bool:
@@ -303,6 +333,7 @@ def export_command(args: argparse.Namespace) -> int:
     _check_calls(args.calls)
     planning.load_user_variants(args.plugin)
     get_op(args.op)
+    check_columns(args.columns)
     storage = open_storage(url, must_exist=True, read_only=True)
     if args.output:
         export.check_writable(args.output)
@@ -321,7 +352,8 @@ def export_command(args: argparse.Namespace) -> int:
         if left_out:
             say("more columns: --wide, --columns A,B,C, or --format md for every column")
         return 0
-    text = export.render(WinnersFile(args.op, rows, ranked_by=args.rank_by, storage=url), fmt)
+    winners = WinnersFile(args.op, rows, ranked_by=args.rank_by, storage=url)
+    text = export.render(winners, fmt, args.columns)
     if args.output:
         export.write(args.output, text)
         say(f"wrote {args.output} ({len(cells)} rows)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -321,9 +322,29 @@ def resolve_threads(device: Device, threads: int | None) -> int:
         return 0
     if threads is None:
         return torch.get_num_threads()
+    check_thread_count(threads)
+    return threads
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), which bound the threads it can run at
+    once."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_thread_count(threads: int) -> None:
+    """Refuse a `--threads` below 1 or above the CPUs this process may use: more threads than
+    CPUs stall at every barrier (and torch crashes on absurd counts)."""
     if threads < 1:
         raise UserError(f"--threads must be at least 1 (got {threads})")
-    return threads
+    cpus = usable_cpus()
+    if threads > cpus:
+        raise UserError(
+            f"--threads {threads} is more than this machine can run at once: it has {cpus} "
+            f"CPU(s) for this process; pass --threads {cpus} or fewer"
+        )
 
 
 def resolve_allocator(device: Device, name: str | None) -> str:

@@ -58,7 +58,9 @@ class Verdict(Versioned):
     runner_up: the contender the decision is about: an equivalent one the preference passed
     over, else the inconclusive one closest to the fastest, else the second fastest. `ratio` /
     `ci_low` / `ci_high`: the runner-up over the fastest (the winner over the fastest when the
-    runner-up is the fastest). Names are config labels (`variant(k=v)`). `contenders` and
+    runner-up is the fastest). `versus_winner`: the op's baseline and built-in (their best
+    configurations, measured in the same rounds) over the winner, [ratio, low, high]. Names are
+    config labels (`variant(k=v)`). `contenders` and
     `rounds`: which labels were re-measured and how the rounds went (set by the runner).
     """
 
@@ -79,6 +81,7 @@ class Verdict(Versioned):
     resamples: int
     seed: int
     versus_fastest: dict[str, list[float]] = field(default_factory=dict)
+    versus_winner: dict[str, list[float]] = field(default_factory=dict)
     contenders: list[str] = field(default_factory=list)
     rounds: dict[str, Any] = field(default_factory=dict)
 
@@ -161,7 +164,12 @@ class WinnerRow(Stored):
 
     variant / label: the winner's name, and how tables show it (`x (in place)` for a variant
     that writes into its inputs); None when nothing passed. ratio / ci_low / ci_high: the
-    runner-up over the winner, the interval only when re-measured. failed of measured
+    runner-up over the winner, from the interleaved rounds (None when not re-measured).
+    speedup_vs_baseline / _builtin: that variant's best over the winner, measured in the same
+    rounds, with its `_ci` [low, high] (None when not measured side by side; 1.0 when it is the
+    winner). `disturbed`: the keys of the figures that come from a window other processes
+    disturbed (after re-measuring it), shown marked; `noisy`: those whose timing's IQR is above
+    report/tables.py's NOISY_IQR, shown with fewer digits. failed of measured
     configurations, `failures` by status.
     """
 
@@ -184,7 +192,9 @@ class WinnerRow(Stored):
     warm_ms: float | None = None
     cold_ms: float | None = None
     speedup_vs_baseline: float | None = None
+    speedup_vs_baseline_ci: list[float] | None = None
     speedup_vs_builtin: float | None = None
+    speedup_vs_builtin_ci: list[float] | None = None
     gbps: float | None = None
     pct_fresh_copy: float | None = None
     pct_inplace_copy: float | None = None
@@ -201,6 +211,8 @@ class WinnerRow(Stored):
     ops_per_call: float | None = None
     idle_pct: float | None = None
     mb_per_call: float | None = None
+    disturbed: list[str] = field(default_factory=list)  # column keys measured while busy
+    noisy: list[str] = field(default_factory=list)  # column keys whose IQR is above NOISY_IQR
 
 
 @dataclass

@@ -20,14 +20,15 @@ import optuna
 from optuna.storages import BaseStorage
 
 from fusionlab.cell import Cell
-from fusionlab.measure import disturbance
+from fusionlab.measure import disturbance, stalls
 from fusionlab.measure.rounds import RoundsTask, StopRule
 from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
-from fusionlab.report.verdict import Contender, decide
+from fusionlab.registry import get_op
+from fusionlab.report.verdict import Contender, decide, paired_ratio
 from fusionlab.report.winners import first_use_by_variant
 from fusionlab.results import OUTCOMES, CellResult
 from fusionlab.search import claims
@@ -42,6 +43,28 @@ Starting = Callable[[Cell, str, dict[str, object]], None]  # cell, variant (or t
 
 _TPE_ATTEMPTS = 50  # proposals per budgeted trial before a cell gives up (rejected, duplicates)
 _POLL_S = 1.0  # how often a runner looks again while other runners hold a cell's last claims
+
+
+def _versus_winner(
+    winner: str,
+    contenders: list[Contender],
+    outcome: dict[str, dict],
+    baselines: list[TrialRecord],
+) -> dict[str, list[float]]:
+    """Each baseline over the winner, [ratio, low, high], from the rounds both were measured in;
+    a baseline without every round (it failed, or no rounds ran) gets no ratio."""
+    by_name = {c.name: c for c in contenders}
+    mine = by_name[winner]
+    paired = {}
+    for record in baselines:
+        label = record.config_label()
+        entry = outcome.get(label)
+        if label == winner or entry is None or entry["status"] != Status.PASSED.value:
+            continue
+        rounds = by_name[label].rounds if label in by_name else entry["rounds"]
+        if len(rounds) == len(mine.rounds) and all(rounds):
+            paired[label] = paired_ratio(mine, Contender(label, "", None, rounds))
+    return paired
 
 
 def lease_from_env() -> claims.Lease:
@@ -108,6 +131,7 @@ class Sweep:
         self.extra_rounds_s = 0.0
         # (cell label, what other processes did) for each timed window
         self.windows: list[tuple[str, dict]] = []
+        self.stalled: list[str] = []  # configurations whose samples show a barrier stall
         self._cells: list[_OpenCell] = []
 
     def _open_cell(self, cell: Cell) -> _OpenCell:
@@ -282,6 +306,8 @@ class Sweep:
             self.search_s += seconds
         if record.disturbance:
             self.windows.append((cell.cell.label, record.disturbance))
+        if record.passed and stalls.stalled(record):
+            self.stalled.append(f"{cell.cell.label} {record.config_label()}")
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
         if claim.finish(value, store.result_attrs(record)):
             self.measured_here.append(claim.key)
@@ -314,6 +340,18 @@ class Sweep:
             or (r.latency_ms(mode) or float("inf")) <= fastest * (1 + confirm.within)
         ]
 
+    def _baselines(self, result: CellResult) -> list[TrialRecord]:
+        """The best configuration of the op's baseline and of its built-in, where measured."""
+        spec = get_op(self.plan.op)
+        best = result.best_per_variant(self.plan.rank_by)
+        return [best[name] for name in dict.fromkeys((spec.baseline, spec.builtin))
+                if name in best]
+
+    def _references(self, result: CellResult, labels: list[str]) -> list[TrialRecord]:
+        """The baselines that are not contenders: measured in the same rounds, deciding nothing,
+        so that every ratio against them is paired."""
+        return [r for r in self._baselines(result) if r.config_label() not in labels]
+
     def _verdict_key(self, cell: _OpenCell) -> str | None:
         """The re-measurement this cell still needs, or None when its verdict is stored."""
         if self.plan.confirm is None:
@@ -342,14 +380,17 @@ class Sweep:
             return
         # A lone contender gets no rounds, but its audit all the same.
         rule = confirm.rule if len(chosen) > 1 else StopRule(min_rounds=0, max_rounds=0)
+        references = self._references(result, labels)
         task = RoundsTask(
             cell=cell.cell,
-            contenders=[(r.config_label(), r.variant, dict(r.params)) for r in chosen],
+            contenders=[(r.config_label(), r.variant, dict(r.params))
+                        for r in chosen + references],
             mode=mode,
             rule=rule,
             seed=self.plan.seed,
             timing=confirm.timing,
             decided_ms={r.config_label(): r.latency_ms(mode) or 0.0 for r in chosen},
+            references=tuple(r.config_label() for r in references),
         )
         self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
         self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
@@ -392,7 +433,12 @@ class Sweep:
         if contenders:
             verdict = decide(contenders)
             verdict.contenders = labels
+            verdict.versus_winner = _versus_winner(verdict.winner, contenders, outcome,
+                                                   self._baselines(result))
             verdict.rounds = {k: v for k, v in rounds.items() if k != "windows"}
+            quiet = rounds["run"] - rounds["disturbed"]
+            verdict.rounds["from_disturbed"] = bool(rounds["disturbed"]) and (
+                quiet < rule.min_rounds)
             if rounds.get("disturbed"):
                 verdict.reason += (
                     f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
@@ -438,6 +484,10 @@ class Sweep:
                 if decisions[name]
             )
         return line
+
+    def stall_warning(self) -> str | None:
+        """One line naming the configurations a barrier stall slowed, with the remedy."""
+        return stalls.stall_line(self.stalled, self.plan.threads) if self.stalled else None
 
     def busy_warning(self) -> str | None:
         """One line with the figure when other processes disturbed this runner's timings."""

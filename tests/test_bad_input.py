@@ -53,6 +53,12 @@ CASES = {
     "negative seed": ([*SWEEP, "--seed", "-1"], "--seed must be an integer"),
     "sweep export path not writable": ([*SWEEP, "--export", UNWRITABLE], "cannot write"),
     "sweep --calls 0": ([*SWEEP, "--calls", "0"], "--calls must be greater than 0"),
+    "sweep unknown column": ([*SWEEP, "--columns", "shape,nosuchcolumn"],
+                             "unknown column nosuchcolumn"),
+    "sweep more threads than CPUs": ([*SWEEP, "--threads", "100000"],
+                                     "pass --threads"),
+    "capture more threads than CPUs": (["capture", "--model", "llama-tiny", "--threads",
+                                        "100000"], "more than this machine can run at once"),
     # compare and profile
     "compare superscript shape": (["compare", "rmsnorm", "--shape", "4x\u00b2"], "does not parse"),
     "compare timeout inf": (["compare", "rmsnorm", "--shape", "4x256", "--timeout", "inf"],
@@ -76,6 +82,9 @@ CASES = {
                                               "not an Optuna storage"),
     "export path not writable": (["export", "rmsnorm", "--storage", f"sqlite:///{OPTUNA_DB}",
                                   "-o", UNWRITABLE], "cannot write"),
+    "export unknown column": (["export", "rmsnorm", "--storage", f"sqlite:///{OPTUNA_DB}",
+                               "--format", "csv", "--columns", "nosuchcolumn"],
+                              "unknown column nosuchcolumn"),
     "export unknown op": (["export", "nosuchop", "--storage", f"sqlite:///{OPTUNA_DB}"],
                           "unknown op 'nosuchop'"),
     # status

@@ -4,6 +4,7 @@ terminal only. Every command here is the real `fusionlab` in a subprocess."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import struct
@@ -87,6 +88,35 @@ def test_columns_picks_exactly_those(swept) -> None:
     )
     assert bad.returncode == 2 and "unknown column nonsense" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize("fmt", ["md", "csv", "json", "latex", "html"])
+def test_columns_is_honoured_by_every_export_format(swept, fmt: str) -> None:
+    folder, url, _ = swept
+    chosen = ["shape", "winner", "median_ms", "decided"]
+    unwanted = ("first use ms", "GB/s", "break-even", "% fresh copy", "params")
+    out = folder / f"chosen.{fmt}"
+    run_at(80, "export", "rmsnorm", "--storage", url, "--format", fmt, "--columns",
+           ",".join(chosen), "-o", str(out), cwd=folder)
+    written = out.read_text()
+    if fmt == "json":
+        table = json.loads(written)
+        assert table["meta"]["columns"] == chosen
+        assert [list(row) for row in table["rows"]] == [chosen] * len(table["rows"])
+        assert table["rows"] and all(row["winner"] != "-" for row in table["rows"])
+        return
+    if fmt == "csv":
+        assert written.splitlines()[0] == "shape,winner,median ms,decision [95% CI]"
+    for header in ("shape", "winner", "median ms", "decision [95% CI]"):
+        assert (header.replace("%", "\\%") if fmt == "latex" else header) in written
+    for header in unwanted:
+        assert header not in written, header
+    if fmt != "md":
+        return
+    sweep_export = folder / "sweep-chosen.md"
+    run_at(80, *SWEEP, "--storage", url, "--columns", "dtype,fastest", "--export",
+           str(sweep_export), cwd=folder)
+    assert "dtype" in sweep_export.read_text() and "median ms" not in sweep_export.read_text()
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -83,6 +83,8 @@ class RoundsTask:
     seed: int = 0
     timing: TimingSettings = field(default_factory=TimingSettings)
     decided_ms: dict[str, float] = field(default_factory=dict)  # search latency, by label
+    # labels measured in every round beside the others, for paired ratios, that decide nothing
+    references: tuple[str, ...] = ()
 
     def run(self) -> dict[str, Any]:
         return run_rounds(self)
@@ -126,7 +128,8 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
     windows: list[dict[str, Any]] = []
     start, longest, stopped = time.perf_counter(), 0.0, "no contender passed"
     while order:
-        passing = [label for label in order if results[label]["status"] == Status.PASSED.value]
+        passing = [label for label in order if results[label]["status"] == Status.PASSED.value
+                   and label not in task.references]
         current = {label: results[label]["rounds"] for label in passing}
         elapsed = time.perf_counter() - start
         reason = task.rule.stop(current, quiet, elapsed, longest) if passing else "all failed"
@@ -156,7 +159,9 @@ def run_rounds(task: RoundsTask) -> dict[str, Any]:
             entry["rounds"] = chosen[""]
     elapsed_s = time.perf_counter() - start
     # The gate on the rounds and the audit of every contender: one place.
-    audit_contenders(built, results, task.mode, task.timing, task.decided_ms)
+    # The references (the op's own baseline and built-in) decide nothing: no audit for them.
+    deciding = {label: entry for label, entry in built.items() if label not in task.references}
+    audit_contenders(deciding, results, task.mode, task.timing, task.decided_ms)
     return {
         "contenders": results,
         "rounds": {

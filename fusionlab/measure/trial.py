@@ -40,6 +40,8 @@ from fusionlab.registry import Kernel, Variant, get_op, get_variant
 from fusionlab.shapes import format_shape, torch_dtype
 
 _REMEASURES = 3
+DISTURBED_RETRIES = 2
+"""A trial's timing that other processes disturbed is measured again up to this many times."""
 _INPUTS = InputCache()
 _LIMITS = LimitsCache()
 
@@ -331,15 +333,7 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
             return
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)
-    watch = disturbance.Watch()  # disturbance: what else ran while this trial was timed
-    record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False)
-    phase.end("warm timing")
-    cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
-    if cold_count > WARM_SETS or m.device.event_device_types:
-        record.cold = timed_and_checked(m, cold_count, task.timing, cold=True)
-    phase.end("cold timing")
-    seen = watch.stop()  # disturbance: recorded; the sweep warns once and marks the rows
-    record.disturbance = seen.to_dict() if seen is not None else {}
+    _time_quietly(task, m, record, phase)
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
     check_follows_new_values(m)
     latencies = {mode: record.latency_ms(mode) or 0.0 for mode in ("warm", "cold")}
@@ -350,6 +344,32 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     phase.end("gate checks, copy limits")
     _profile(task, record, m)
     phase.end("profiler pass")
+
+
+def _time_warm_and_cold(task: TrialTask, m: Measured, record: TrialRecord, phase: _Phases) -> None:
+    record.timing = timed_and_checked(m, WARM_SETS, task.timing, cold=False)
+    phase.end("warm timing")
+    cold_count, record.cold_note = m.sets.cold_count(m.device.cache_bytes())
+    if cold_count > WARM_SETS or m.device.event_device_types:
+        record.cold = timed_and_checked(m, cold_count, task.timing, cold=True)
+    phase.end("cold timing")
+
+
+def _time_quietly(task: TrialTask, m: Measured, record: TrialRecord, phase: _Phases) -> None:
+    """Time warm and cold under a disturbance watch; a window that other processes disturbed
+    is measured again, at most DISTURBED_RETRIES times, keeping the least disturbed attempt.
+    What stays disturbed is recorded so (`record.disturbance`) and marked wherever it shows."""
+    attempts: list[tuple[float, Timing | None, Timing | None, dict[str, Any]]] = []
+    while len(attempts) <= DISTURBED_RETRIES:
+        watch = disturbance.Watch()
+        _time_warm_and_cold(task, m, record, phase)
+        seen = watch.stop()
+        share = seen.other_share if seen is not None else 0.0
+        attempts.append((share, record.timing, record.cold, seen.to_dict() if seen else {}))
+        if seen is None or not seen.disturbed:
+            break
+    _, record.timing, record.cold, window = min(attempts, key=lambda attempt: attempt[0])
+    record.disturbance = {**window, "attempts": len(attempts)} if window else {}
 
 
 def check_bandwidth(

@@ -15,7 +15,7 @@ from fusionlab.model.bench import benchmark, render
 from fusionlab.model.capture import Capture, capture
 from fusionlab.model.models import causal_lm_steps, parse_overrides, tiny_model
 from fusionlab.model.patch import patch
-from fusionlab.plan import load_user_variants
+from fusionlab.plan import check_thread_count, load_user_variants
 from fusionlab.registry import get_op
 from fusionlab.shapes import format_shape, parse_dtypes
 
@@ -26,8 +26,7 @@ def _say(text: str) -> None:
 
 def _set_threads(threads: int | None) -> None:
     if threads is not None:
-        if threads < 1:
-            raise UserError(f"--threads must be at least 1 (got {threads})")
+        check_thread_count(threads)
         torch.set_num_threads(threads)
 
 

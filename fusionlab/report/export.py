@@ -10,7 +10,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from fusionlab.errors import UserError
-from fusionlab.report.tables import display_rows
+from fusionlab.report.tables import chosen_rows, display_rows
 from fusionlab.results import WinnersFile
 
 FORMATS = ("md", "csv", "json", "latex", "html")
@@ -63,12 +63,21 @@ def check_writable(path: str) -> None:
         file.unlink()
 
 
-def render(winners: WinnersFile, fmt: str) -> str:
+def render(winners: WinnersFile, fmt: str, chosen: str | None = None) -> str:
     """The table in one format: json is the winners file (typed rows and their metadata, which
-    the Dispatcher reads), the others show the same rows as text."""
-    if fmt == "json":
+    the Dispatcher reads), the others show the same rows as text. `chosen` (`--columns a,b,c`)
+    keeps exactly those columns in every format; json then holds each row's text by column key
+    (a table, no longer a winners file)."""
+    if chosen is not None:
+        keys, shown = chosen_rows(winners.rows, winners.op, chosen)
+        if fmt == "json":
+            meta = {"op": winners.op, "ranked_by": winners.ranked_by, "columns": keys}
+            rows = [dict(zip(keys, text.values(), strict=True)) for text in shown]
+            return json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n"
+    elif fmt == "json":
         return json.dumps(winners.to_dict(), indent=2) + "\n"
-    shown = display_rows(winners.rows, winners.op)
+    else:
+        shown = display_rows(winners.rows, winners.op)
     if fmt == "csv":
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=list(shown[0]) if shown else [])

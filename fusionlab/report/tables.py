@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.report.fit import fit_table, pick_columns
 from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
-from fusionlab.results import CellResult, OutOfPlace, WinnerRow
+from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
 from fusionlab.shapes import format_shape
 
 
@@ -26,8 +28,17 @@ def _calls(value: float) -> str:
     return "never" if value == float("inf") else f"{value:.3g}"
 
 
-def _times(value: float) -> str:
-    return f"{value:.2f}x"
+def _speedup(key: str) -> Callable[[WinnerRow], str | None]:
+    """`ratio [low, high]` over the winner, measured side by side; 1.00x for the winner itself."""
+
+    def text(row: WinnerRow) -> str | None:
+        value, interval = getattr(row, key), getattr(row, f"{key}_ci")
+        if value is None:
+            return None
+        return f"{value:.2f}x" if interval is None else (
+            f"{value:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}]")
+
+    return text
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -35,17 +46,63 @@ def _params(params: dict[str, Any]) -> str:
 
 
 def _ratio(row: WinnerRow) -> str | None:
-    """`runner-up/winner [low, high]`, or the medians' ratio when not re-measured."""
-    if row.ratio is None:
+    """`runner-up/winner [low, high]` from the interleaved rounds; None when not re-measured
+    (a ratio of two unpaired search medians is never shown)."""
+    if row.ratio is None or row.ci_low is None or row.ci_high is None:
         return None
-    if row.ci_low is None or row.ci_high is None:
-        return f"{row.ratio:.2f}x (not re-measured)"
     return f"{row.ratio:.2f}x [{row.ci_low:.2f}, {row.ci_high:.2f}]"
 
 
 def _failed(row: WinnerRow) -> str:
     detail = ", ".join(f"{n} {status}" for status, n in sorted(row.failures.items()))
     return f"{row.failed}/{row.measured}" + (f" ({detail})" if detail else "")
+
+
+BUSY_MARK = "!"
+"""Follows a figure measured while other processes used more than a quarter of the cores (after
+the re-measurements a disturbed window gets): slower and noisier than on a quiet machine."""
+
+SEARCH_FIGURES = ("median_ms", "iqr_pct", "warm_ms", "cold_ms", "gbps", "pct_fresh_copy",
+                  "pct_inplace_copy")
+"""The figures a row takes from its winner's search trial."""
+ROUND_FIGURES = ("ratio", "speedup_vs_baseline", "speedup_vs_builtin", "decision")
+"""The figures a row takes from the cell's interleaved rounds."""
+
+
+def disturbed_figures(best: TrialRecord, verdict: Verdict | None) -> list[str]:
+    """The keys of the row's figures that come from a disturbed window: the winner's trial
+    (still disturbed after its re-measurements), the rounds (fewer quiet rounds than a verdict
+    needs, so disturbed ones were used)."""
+    busy = list(SEARCH_FIGURES) if best.disturbance.get("disturbed") else []
+    if verdict is not None and verdict.rounds.get("from_disturbed"):
+        busy += ROUND_FIGURES
+    return busy
+
+
+NOISY_IQR = 0.10
+"""A figure whose timing's IQR is above this share of its median (torch.utils.benchmark's
+warning threshold) is shown with ROUGH_DIGITS significant digits after a `~`."""
+ROUGH_DIGITS = 2
+
+
+def rough(value: float) -> str:
+    """`~` and the value to ROUGH_DIGITS significant digits (never in exponent notation)."""
+    if value == 0 or not math.isfinite(value):
+        return f"~{value:g}"
+    decimals = ROUGH_DIGITS - 1 - math.floor(math.log10(abs(value)))
+    return f"~{round(value, decimals):.{max(decimals, 0)}f}"
+
+
+def noisy_figures(best: TrialRecord, mode: str) -> list[str]:
+    """The keys of the row's figures from a timing whose IQR is above NOISY_IQR."""
+    ranked = best.timing_for(mode)
+    noisy = []
+    if ranked is not None and ranked.relative_iqr > NOISY_IQR:
+        noisy += ["median_ms", "gbps", "pct_fresh_copy", "pct_inplace_copy"]
+    for key, timing in (("warm_ms", best.timing), ("cold_ms", best.cold)):
+        if timing is not None and timing.relative_iqr > NOISY_IQR:
+            noisy.append(key)
+    return noisy
 
 
 @dataclass(frozen=True)
@@ -77,8 +134,8 @@ def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Colum
         Column("iqr_pct", "IQR %", _field("iqr_pct", _num(1))),
         Column("warm_ms", "warm ms", _field("warm_ms", _sig)),
         Column("cold_ms", "cold ms", _field("cold_ms", _sig)),
-        Column("speedup_vs_baseline", f"vs {baseline}", _field("speedup_vs_baseline", _times)),
-        Column("speedup_vs_builtin", f"vs {builtin}", _field("speedup_vs_builtin", _times)),
+        Column("speedup_vs_baseline", f"vs {baseline}", _speedup("speedup_vs_baseline")),
+        Column("speedup_vs_builtin", f"vs {builtin}", _speedup("speedup_vs_builtin")),
         Column("gbps", "GB/s", _field("gbps", _sig)),
         Column("pct_fresh_copy", "% fresh copy", _field("pct_fresh_copy", _num(0))),
         Column("pct_inplace_copy", "% in-place copy", _field("pct_inplace_copy", _num(0))),
@@ -133,11 +190,19 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     share = best.limit_share(mode)
     if share is not None:
         row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
+    verdict = winner.verdict
+    row.disturbed = disturbed_figures(best, verdict)
+    row.noisy = noisy_figures(best, mode)
+    paired = verdict.versus_winner if verdict is not None and (
+        verdict.winner == best.config_label()) else {}
     for key, name in (("baseline", spec.baseline), ("builtin", spec.builtin)):
         other = per_variant.get(name)
-        other_ms = other.latency_ms(mode) if other is not None else None
-        if other_ms:
-            setattr(row, f"speedup_vs_{key}", other_ms / timing.median_ms)
+        if other is not None and other.config_label() == best.config_label():
+            setattr(row, f"speedup_vs_{key}", 1.0)
+        elif other is not None and other.config_label() in paired:
+            ratio, low, high = paired[other.config_label()]
+            setattr(row, f"speedup_vs_{key}", ratio)
+            setattr(row, f"speedup_vs_{key}_ci", [low, high])
         setattr(row, f"break_even_vs_{key}", break_even(best, other, cell, mode))
     if winner.runner_up is not None:
         row.runner_up = winner.runner_up.variant
@@ -148,14 +213,9 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
             row.out_of_place = OutOfPlace(
                 keeps_inputs.record.variant, dict(keeps_inputs.record.params)
             )
-    verdict = winner.verdict
     if verdict is not None and verdict.runner_up:
         row.ratio, row.ci_low, row.ci_high = verdict.ratio, verdict.ci_low, verdict.ci_high
         row.reason = verdict.reason
-    elif winner.runner_up is not None:
-        runner_ms = winner.runner_up.latency_ms(mode)
-        if runner_ms:
-            row.ratio = runner_ms / timing.median_ms
     if winner.runner_up is not None or winner.verdict is not None:
         row.decision = winner.decision
     if best.fusion is not None:
@@ -179,11 +239,27 @@ def display_rows(
     spec = get_op(op)
     shown = []
     for row in rows:
-        text = {c.header: c.text(row) or "-" for c in columns(spec.baseline, spec.builtin)}
+        text = {c.header: _marked(_figure(c, row), c.key in row.disturbed)
+                for c in columns(spec.baseline, spec.builtin)}
         if not with_device:
             text.pop("device")
         shown.append(text)
     return shown
+
+
+def _figure(column: Column, row: WinnerRow) -> str | None:
+    """The column's text for the row, with the digits its noise supports."""
+    value = getattr(row, column.key, None)
+    if column.key in row.noisy and isinstance(value, float):
+        return rough(value)
+    return column.text(row)
+
+
+def _marked(text: str | None, busy: bool) -> str:
+    """The cell's text ('-' for unknown), BUSY_MARK after a figure from a disturbed window."""
+    if text is None:
+        return "-"
+    return text + BUSY_MARK if busy else text
 
 
 def _decision_with_interval(row: WinnerRow) -> str | None:
@@ -226,6 +302,38 @@ def column_keys() -> list[str]:
     return [c.key for c in columns()] + list(_COMPACT)
 
 
+def check_columns(chosen: str | None) -> None:
+    """Refuse an unknown `--columns` name before anything is measured or read."""
+    if chosen is not None:
+        pick_columns(chosen, column_keys())
+
+
+def _headers(op: str) -> dict[str, str]:
+    """Each `--columns` key's header for this op."""
+    spec = get_op(op)
+    full = columns(spec.baseline, spec.builtin)
+    return {c.key: c.header for c in full} | {k: h for k, (h, _) in _COMPACT.items()}
+
+
+def _with_compact(rows: list[WinnerRow], op: str) -> list[dict[str, str]]:
+    """The display rows with the terminal's compact columns (winner, decision [95% CI]) too."""
+    shown = display_rows(rows, op)
+    for row, text in zip(rows, shown, strict=True):
+        for key, (header, value_of) in _COMPACT.items():
+            covered = _COVERS[key][-1]  # the winner's params, the decision's ratio
+            text[header] = _marked(value_of(row), covered in row.disturbed)
+    return shown
+
+
+def chosen_rows(rows: list[WinnerRow], op: str, chosen: str) -> tuple[list[str], list[dict]]:
+    """Exactly the `--columns a,b,c` of each row, in that order: the keys and, per row, the
+    header -> text of those columns (an unknown name is a UserError)."""
+    keys = pick_columns(chosen, column_keys())
+    headers = _headers(op)
+    picked = [headers[key] for key in keys]
+    return keys, [{header: text[header] for header in picked} for text in _with_compact(rows, op)]
+
+
 def terminal_table(
     rows: list[WinnerRow],
     op: str,
@@ -240,12 +348,8 @@ def terminal_table(
     keys left out."""
     spec = get_op(op)
     full = columns(spec.baseline, spec.builtin)
-    headers = {c.key: c.header for c in full} | {k: h for k, (h, _) in _COMPACT.items()}
-    shown = display_rows(rows, op)
-    for row, text in zip(rows, shown, strict=True):
-        for header, value_of in _COMPACT.values():
-            value = value_of(row)
-            text[header] = "-" if value is None else value
+    headers = _headers(op)
+    shown = _with_compact(rows, op)
     if chosen is not None:
         keys = pick_columns(chosen, column_keys())
         return fit_table(shown, [headers[k] for k in keys], 10**6, fmt=fmt)[0], []

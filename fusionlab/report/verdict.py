@@ -129,6 +129,14 @@ def _intervals(
     return result
 
 
+def paired_ratio(winner: Contender, other: Contender) -> list[float]:
+    """[ratio, low, high] of latency(other) / latency(winner), both measured in the same rounds:
+    the paired bootstrap interval of the verdict, for a contender that does not decide (a
+    baseline measured alongside)."""
+    rounds = _validate([winner, other])
+    return _intervals([winner, other], 0, rounds)[other.name]
+
+
 def _kind_rank(kind: str) -> int:
     return KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
 
