@@ -129,6 +129,7 @@ class Measured:
     kernel: Kernel
     tolerance: Tolerance
     like: torch.Tensor
+    threads: int  # torch's thread count before the variant was built: the cell's
 
 
 def build_and_gate(
@@ -151,6 +152,7 @@ def build_and_gate(
     like = tensors_in(first)[0]
     references = sets.reference(0)  # before the call: an in-place variant overwrites its inputs
     originals = snapshot(first)
+    threads = torch.get_num_threads()
     try:
         kernel, setup_ms = timed_once(
             lambda: variant.factory(device.type, **params), device.synchronize
@@ -167,14 +169,17 @@ def build_and_gate(
     accuracy = check_values(outputs, references, spec, like, tolerance)
     check_mutation(first, originals, spec, variant.inplace)
     check_memory(outputs, first, spec, variant.inplace)
-    measured = Measured(spec, variant, device, sets, kernel, tolerance, like)  # type: ignore[arg-type]
+    measured = Measured(
+        spec, variant, device, sets, kernel, tolerance, like, threads  # type: ignore[arg-type]
+    )
     return measured, setup_ms, first_ms, accuracy
 
 
 def timed_and_checked(
     m: Measured, count: int, settings: TimingSettings, cold: bool
 ) -> Timing:
-    """The timing loop over `count` input sets, gated: the clock cross-check, every input set
+    """The timing loop over `count` input sets, gated: the clock cross-check, what the variant
+    did while measured (audit hook, replaced code, threads beyond the cell's), every input set
     unchanged before and after, and the kept timed calls through the whole gate (fresh memory
     the variant no longer holds, then values)."""
     m.sets.ensure(count)
@@ -198,8 +203,9 @@ def timed_and_checked(
         flush=m.device.flush_cache if cold and m.device.event_device_types else None,
         time_one=m.device.time_one,
         working_set_bytes=count * m.sets.bytes_per_set,
+        threads=m.threads if m.device.type == "cpu" else 0,
     )
-    reason = loop.clock_reason()
+    reason = loop.reason()
     if reason:
         raise GateFailure(Status.SUSPICIOUS, reason)
     # Each output once, in one list each: the only references this side holds.
