@@ -36,6 +36,9 @@ _FLAGGED = frozenset({
     "object.__setattr__", "object.__delattr__", "code.__new__", "sys.addaudithook",
 })
 _PREFIXES = ("ctypes.",)
+_SETATTR = frozenset({"object.__setattr__", "object.__delattr__"})
+_CODE_ATTRIBUTES = frozenset({"__code__", "__defaults__", "__kwdefaults__", "__class__",
+                              "__bases__", "__call__"})
 _CANARY = "fusionlab.watch"
 _TASKS = Path("/proc/self/task")
 
@@ -61,13 +64,21 @@ def _is_ours(target: object) -> bool:
     return isinstance(module, str) and module.startswith("fusionlab.")
 
 
+def _replaces_code(event: str, args: tuple[object, ...]) -> bool:
+    """Whether an `object.__setattr__`/`__delattr__` event changes what a function or class runs
+    (not a class's `__doc__`, which dataclasses set when a module is imported)."""
+    return len(args) >= 2 and args[1] in _CODE_ATTRIBUTES
+
+
 def _hook(event: str, args: tuple[object, ...], state: _State = _State()) -> None:  # noqa: B008
     if event == _CANARY:
         state.canary = args[0] if args else None
     elif event in _FLAGGED or event.startswith(_PREFIXES):
+        if event in _SETATTR and not _replaces_code(event, args):
+            return
         if state.watching:
             state.seen.append(_describe(event, args))
-        elif event == "object.__setattr__" and args and _is_ours(args[0]):
+        elif event in _SETATTR and _is_ours(args[0]):
             state.tampered.append(_describe(event, args))
 
 
