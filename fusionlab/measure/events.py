@@ -51,6 +51,7 @@ class _State:
         self.seen: list[str] = []
         self.tampered: list[str] = []
         self.canary: object = None
+        self.tracers: tuple[object, object] = (None, None)  # sys.getprofile(), sys.gettrace()
 
 
 def _describe(event: str, args: tuple[object, ...]) -> str:
@@ -87,15 +88,26 @@ _INSTALLED: list[bool] = []
 
 
 def install() -> None:
-    """Add the audit hook to this process, once."""
+    """Add the audit hook to this process, once, and note the profile and trace functions it
+    runs with (a coverage tool's tracer is the environment's, not a variant's)."""
     if not _INSTALLED:
         sys.addaudithook(_hook)
         _INSTALLED.append(True)
+        _STATE.tracers = (sys.getprofile(), sys.gettrace())
 
 
 def tampered() -> str | None:
-    """The first replacement of the code of fusionlab's own functions seen at any time, or None."""
-    return _STATE.tampered[0] if _STATE.tampered else None
+    """Why this process can no longer be trusted to measure, or None: the code of fusionlab's
+    own functions was replaced (at any time), or a profile or trace function is installed that
+    was not there when the hook was (it sees every call of the harness, timed or not)."""
+    if _STATE.tampered:
+        return _STATE.tampered[0]
+    profile, trace = _STATE.tracers
+    if sys.getprofile() is not profile:
+        return "a profile function is installed (sys.setprofile)"
+    if sys.gettrace() is not trace:
+        return "a trace function is installed (sys.settrace)"
+    return None
 
 
 def _children() -> set[int]:

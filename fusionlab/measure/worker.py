@@ -57,7 +57,8 @@ def _serve(
         result = task.run()
         # A variant replaced a clock or part of the gate, or left torch on other threads: this
         # process can time nothing more; the parent replaces it.
-        retire = clock_tampering() is not None or torch.get_num_threads() != cell_threads
+        retire = (clock_tampering() is not None or events.tampered() is not None
+                  or torch.get_num_threads() != cell_threads)
         conn.send((result, retire))
         if retire:
             return
