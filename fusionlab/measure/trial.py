@@ -3,6 +3,7 @@ cold, and profile it. Runs in the worker process; failures become statuses, neve
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import torch
 
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device
-from fusionlab.measure import disturbance
+from fusionlab.measure import disturbance, quiet_limits
 from fusionlab.measure.correctness import (
     GateFailure,
     check_memory,
@@ -305,6 +306,7 @@ def copy_limit(
             device.type, dtype, nbytes, device.synchronize, cold, device.cache_bytes()
         )
         fresh.note = disturbance.mark_busy(fresh.note, watch.stop())
+        quiet_limits.remember(device, fresh)  # a quiet one judges later busy moments
         if known is None or fresh.limit_gbps > known.limit_gbps:
             _LIMITS.put(fresh)
     return _LIMITS.get(device.type, dtype, nbytes, cold) or known  # type: ignore[return-value]
@@ -349,24 +351,19 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
     check_follows_new_values(m)
     latencies = {mode: record.latency_ms(mode) or 0.0 for mode in ("warm", "cold")}
-    not_judged: list[str] = []
-    record.limits = check_bandwidth(m, record.bytes_moved, latencies, not_judged)
-    if not_judged:
-        record.message = "; ".join(not_judged)
+    record.limits = check_bandwidth(m, record.bytes_moved, latencies)
     phase.end("gate checks, copy limits")
     _profile(task, record, m)
     phase.end("profiler pass")
 
 
 def check_bandwidth(
-    m: Measured,
-    bytes_moved: int,
-    latencies_ms: dict[str, float],
-    notes: list[str] | None = None,
+    m: Measured, bytes_moved: int, latencies_ms: dict[str, float]
 ) -> dict[str, CopyLimits]:
     """No latency (ms per call, by rank mode) may move the op's bytes faster than this device
     copies them (limits.SLACK); returns the copy limits each mode was judged against. A limit
-    measured while the machine was busy judges nothing: `notes` gets why instead."""
+    that stays busy when measured again is replaced by the last quiet limit of this machine
+    (measure/quiet_limits.py); with none stored, the trial is `unjudged` (it cannot win)."""
     dtype = m.like.dtype
     x_bytes = m.like.numel() * m.like.element_size()
     limits = {}
@@ -380,12 +377,22 @@ def check_bandwidth(
             reason = suspicious_reason(achieved, limit)
             if reason is None:
                 break
-        limits[mode] = limit
         if reason and disturbance.BUSY_NOTE in limit.note:
-            # disturbance: a copy limit measured on a busy machine is no yardstick; say so instead
-            if notes is not None:
-                notes.append(f"{mode} not judged: {reason}; that limit was {limit.note}")
-            reason = None
+            # disturbance: a copy limit measured on a busy machine is no yardstick
+            quiet = quiet_limits.last_quiet(m.device, dtype, x_bytes, cold=mode == "cold")
+            if quiet is None:
+                raise GateFailure(
+                    Status.UNJUDGED,
+                    f"{mode} not judged: {reason}; that limit was {limit.note}, and no quiet "
+                    "copy limit of this machine is stored to judge by",
+                )
+            note = "the last quiet limit of this machine (the one measured now was busy)"
+            limit = dataclasses.replace(quiet, note="; ".join(n for n in (quiet.note, note) if n))
+            reason = suspicious_reason(achieved, limit)
+            if reason:
+                reason += (" (judged against the last quiet copy limit of this machine: the one "
+                           "measured now stayed busy)")
+        limits[mode] = limit
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
     return limits

@@ -37,6 +37,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
         ("r4-ctypes-view", ("suspicious",), "ctypes.cdata"),
         ("r4-thread-left-running", ("suspicious",), "thread"),
         ("r4-child-burner", ("suspicious",), "subprocess.Popen"),
+        ("r4-child-burner-silent-spawn", ("suspicious",), "a child process started"),
     ],
     "more threads than the cell": [
         ("r4-threads-left-raised", ("suspicious",), "thread count was not the cell's"),
@@ -214,6 +215,24 @@ def child_burner(device_type: str):
     def kernel(x, weight, eps):
         if next(calls) == 2:
             subprocess.Popen([sys.executable, "-c", _BURN])
+        return naive_rmsnorm(x, weight, eps)
+
+    return kernel
+
+
+@register_variant("rmsnorm", "r4-child-burner-silent-spawn", devices=CPU)
+def child_burner_silent_spawn(device_type: str):
+    """As above, through libc's posix_spawn resolved at build time: no audit event is raised
+    when it is called, only the child is there to see."""
+    spawn = ctypes.CDLL(None).posix_spawn
+    calls = itertools.count()
+
+    def kernel(x, weight, eps):
+        if next(calls) == 2:
+            pid = ctypes.c_int()
+            argv = (ctypes.c_char_p * 6)(b"timeout", b"2", b"sh", b"-c", b"while :; do :; done",
+                                         None)
+            spawn(ctypes.byref(pid), b"/usr/bin/timeout", None, None, argv, None)
         return naive_rmsnorm(x, weight, eps)
 
     return kernel
