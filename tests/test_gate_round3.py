@@ -161,12 +161,12 @@ def test_a_contender_that_fails_its_re_measurement_never_wins_and_shows_why(tmp_
     url = f"sqlite:///{tmp_path / 'results.db'}"
     made = run_cli(
         "sweep", "rmsnorm", "--shapes", "8x256", "--dtypes", "float32", "--device", "cpu",
-        "--storage", url, "--plugin", ROUND3, "--variants", "builtin,r3-cheat-in-rounds",
+        "--storage", url, "--plugin", ROUND3, "--variants", "builtin,r3-cheat-after-first-build",
         cwd=tmp_path,
     )
     assert made.returncode == 0, made.stderr
     (cell,) = stored_cells("rmsnorm", url)
-    cheat = next(r for r in cell.records if r.variant == "r3-cheat-in-rounds")
+    cheat = next(r for r in cell.records if r.variant == "r3-cheat-after-first-build")
     assert not cheat.passed and "in the re-measurement" in cheat.message, cheat.message
     winner = cell_winner(cell)
     assert winner is not None and winner.record.variant == "builtin"

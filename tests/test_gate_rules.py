@@ -196,10 +196,15 @@ def no_quiet_limits(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("FUSIONLAB_CACHE_DIR", str(tmp_path))
 
 
-@pytest.mark.usefixtures("own_limits", "no_quiet_limits")
-def test_a_copy_limit_measured_while_busy_with_no_quiet_one_stored_leaves_it_unjudged() -> None:
-    """The overclaiming clone against a limit marked busy and nothing quiet to judge by: not
-    condemned, not passed either (it cannot win), and the record says why."""
+@pytest.mark.usefixtures("own_limits")
+def test_a_copy_limit_measured_while_busy_with_no_quiet_one_stored_leaves_it_unjudged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """The overclaiming clone against a limit marked busy and nothing quiet to judge by (the
+    store cannot be written: a file where its folder should be): not condemned, not passed
+    either (it cannot win), and the record says why."""
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("FUSIONLAB_CACHE_DIR", str(tmp_path / "not-a-folder"))
     _plant_limits(COPY_SHAPE[0] * COPY_SHAPE[1] * 4, 1000.0, f"{BUSY_NOTE} (planted)")
     record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
     _assert_status(record, Status.UNJUDGED, "not judged: ", f"that limit was {BUSY_NOTE} "
