@@ -5,6 +5,7 @@ rounds and audit, with the rule named; honest controls pass."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -113,6 +114,13 @@ def test_a_replaced_torch_function_is_named_and_dynamos_own_wrapper_is_not() -> 
     finally:
         torch.rms_norm = original
     assert integrity.replaced() is None
+
+
+def test_draws_read_the_entropy_bound_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A constant os.urandom put in after import steers no draw (and is named as replaced)."""
+    monkeypatch.setattr(os, "urandom", lambda count: bytes(count))
+    assert len({draw(1000) for _ in range(20)}) > 1
+    assert integrity.replaced() == "os.urandom"
 
 
 def test_draws_cover_the_range_evenly() -> None:
