@@ -118,6 +118,7 @@ def test_a_replaced_torch_function_is_named_and_dynamos_own_wrapper_is_not() -> 
 
 def test_draws_read_the_entropy_bound_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
     """A constant os.urandom put in after import steers no draw (and is named as replaced)."""
+    integrity.seal()
     monkeypatch.setattr(os, "urandom", lambda count: bytes(count))
     assert len({draw(1000) for _ in range(20)}) > 1
     assert integrity.replaced() == "os.urandom"
