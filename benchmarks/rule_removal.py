@@ -31,6 +31,8 @@ from tabulate import tabulate
 RULES_TESTS = "tests/test_gate_rules.py::"
 ROUND3_TESTS = "tests/test_gate_round3.py::"
 CHEAT = ROUND3_TESTS + "test_round_three_cheat_is_caught_and_never_wins"
+ROUND4_TESTS = "tests/test_gate_round4.py::"
+CHEAT4 = ROUND4_TESTS + "test_round_four_cheat_is_caught_with_the_rule_named"
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,12 @@ REMOVALS = (
             "        if False:\n            raise GateFailure(Status.SUSPICIOUS,",
             (RULES_TESTS + "test_bandwidth_beyond_a_quiet_copy_limit_is_suspicious_on_a_busy_"
              "machine_too",)),
-    Removal("a copy limit measured while busy judges nothing", "fusionlab/measure/trial.py",
+    Removal("a busy copy limit: the last quiet one judges, else unjudged",
+            "fusionlab/measure/trial.py",
             "if reason and disturbance.BUSY_NOTE in limit.note:", "if False:",
-            (RULES_TESTS + "test_a_copy_limit_measured_while_busy_judges_nothing",)),
+            (RULES_TESTS + "test_a_copy_limit_that_stays_busy_is_replaced_by_the_last_quiet_one",
+             RULES_TESTS + "test_a_copy_limit_measured_while_busy_with_no_quiet_one_stored_leaves"
+             "_it_unjudged")),
     Removal("copy measured again before a verdict", "fusionlab/measure/trial.py",
             "for _ in range(_REMEASURES if reason else 0):", "for _ in range(0):",
             (RULES_TESTS + "test_the_copy_is_measured_again_before_a_suspicious_verdict",)),
@@ -97,6 +102,37 @@ REMOVALS = (
     Removal("replaced clocks", "fusionlab/measure/timing.py",
             "        if getattr(time, name) is not original:", "        if False:",
             (CHEAT + "[replacing the clock-r3-clock-perf-counter-statuses7]",)),
+    Removal("draws read the entropy bound at import", "fusionlab/measure/timing.py",
+            "int.from_bytes(_urandom(8), \"little\")",
+            "int.from_bytes(__import__(\"os\").urandom(8), \"little\")",
+            (ROUND4_TESTS + "test_draws_read_the_entropy_bound_at_import",)),
+    Removal("nothing the measuring path uses replaced", "fusionlab/measure/timing.py",
+            "    if name is not None:\n", "    if False:\n",
+            (CHEAT4 + "[tampered entropy-r4-entropy-os-urandom-statuses0-os.urandom]",
+             CHEAT4 + "[sabotaged competitors-r4-slow-down-builtin-statuses11-torch.rms_norm]")),
+    Removal("audit hook: events while measured", "fusionlab/measure/events.py",
+            "        if state.watching:\n", "        if False:\n",
+            (CHEAT4 + "[what the audit hook sees-r4-getframe-statuses5-sys._getframe]",)),
+    Removal("audit hook: code of fusionlab's functions swapped", "fusionlab/measure/events.py",
+            "elif event in _SETATTR and _is_ours(args[0]):", "elif False:",
+            (CHEAT4 + "[red team-r4-swap-code-of-gate-statuses14-__code__]",)),
+    Removal("a profile function installed", "fusionlab/measure/events.py",
+            "if sys.getprofile() is not profile:", "if False:",
+            (CHEAT4 + "[what the audit hook sees-r4-setprofile-at-build-statuses4-profile]",)),
+    Removal("new Python threads while measured", "fusionlab/measure/events.py",
+            "for thread in set(threading.enumerate()) - threads]", "for thread in ()]",
+            (CHEAT4 + "[what the audit hook sees-r4-thread-left-running-statuses7-thread]",)),
+    Removal("new child processes while measured", "fusionlab/measure/events.py",
+            "for pid in _children() - children]", "for pid in ()]",
+            (CHEAT4 + "[what the audit hook sees-r4-child-burner-silent-spawn-statuses9-a child "
+             "process started]",)),
+    Removal("torch's thread count after each sample", "fusionlab/measure/timing.py",
+            "if threads and _torch_threads() != threads:", "if False:",
+            (CHEAT4 + "[more threads than the cell-r4-threads-left-raised-statuses10-thread "
+             "count was not the cell's]",)),
+    Removal("CPU time within the cell's threads", "fusionlab/measure/timing.py",
+            "if self.cpu_s <= allowed:", "if True:",
+            (ROUND4_TESTS + "test_cpu_time_beyond_the_cells_threads_is_suspicious",)),
     Removal("audited much slower: inconsistent", "fusionlab/measure/audit.py",
             "if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:", "if False:",
             (ROUND3_TESTS + "test_an_audited_latency_much_slower_than_the_decided_one_is_"

@@ -20,6 +20,7 @@ class Status(str, Enum):
     REUSED_MEMORY = "reused_memory"  # output storage handed out again, or aliasing an input
     SUSPICIOUS = "suspicious"  # faster than the device can move the bytes, or no device work
     INCONSISTENT = "inconsistent"  # audited much slower than the latency its decision used
+    UNJUDGED = "unjudged"  # too fast for a busy copy limit, and no quiet limit stored to judge by
     RUNTIME_ERROR = "runtime_error"
     COMPILE_ERROR = "compile_error"
     TIMEOUT = "timeout"

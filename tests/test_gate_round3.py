@@ -138,9 +138,11 @@ def test_honest_variants_pass_the_rounds_and_the_audit(dtype: str) -> None:
 
 def test_a_variant_on_its_own_python_threads_is_flagged_as_invisible_work() -> None:
     """The limit of the profiler rule: ops on a variant's own Python threads are not recorded
-    by torch 2.13's profiler, so correct work there looks like work hidden from it."""
+    by torch 2.13's profiler, so correct work there looks like work hidden from it. Since round
+    four the audit hook may name it first: its pool starts a thread while it is measured."""
     record = run_trial(TrialTask(cpu_cell("rmsnorm", (32, 4096)), THREAD_POOL, {}, timing=FAST))
-    assert record.status is Status.SUSPICIOUS and "0 device ops" in record.message
+    assert record.status is Status.SUSPICIOUS
+    assert "0 device ops" in record.message or "a Python thread started" in record.message
     assert record.timing is not None  # every other rule passed: values, memory, bandwidth
 
 
@@ -159,12 +161,12 @@ def test_a_contender_that_fails_its_re_measurement_never_wins_and_shows_why(tmp_
     url = f"sqlite:///{tmp_path / 'results.db'}"
     made = run_cli(
         "sweep", "rmsnorm", "--shapes", "8x256", "--dtypes", "float32", "--device", "cpu",
-        "--storage", url, "--plugin", ROUND3, "--variants", "builtin,r3-cheat-in-rounds",
+        "--storage", url, "--plugin", ROUND3, "--variants", "builtin,r3-cheat-after-first-build",
         cwd=tmp_path,
     )
     assert made.returncode == 0, made.stderr
     (cell,) = stored_cells("rmsnorm", url)
-    cheat = next(r for r in cell.records if r.variant == "r3-cheat-in-rounds")
+    cheat = next(r for r in cell.records if r.variant == "r3-cheat-after-first-build")
     assert not cheat.passed and "in the re-measurement" in cheat.message, cheat.message
     winner = cell_winner(cell)
     assert winner is not None and winner.record.variant == "builtin"

@@ -14,7 +14,8 @@ import time
 import pytest
 from conftest import PLUGINS, cpu_cell
 
-from fusionlab.measure import trial
+from fusionlab.devices import get_device
+from fusionlab.measure import quiet_limits, trial
 from fusionlab.measure.disturbance import BUSY_NOTE
 from fusionlab.measure.limits import SLACK, LimitsCache, size_class
 from fusionlab.measure.timing import TimingSettings
@@ -146,7 +147,7 @@ def test_bandwidth_beyond_the_devices_copy_is_suspicious() -> None:
     """An honest clone, measured against a spec that claims 10 000x the bytes it moves."""
     record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
     assert record.timing is not None  # it was timed, then judged
-    if record.status is Status.PASSED:  # the one way out: the limit was measured while busy
+    if record.status is Status.UNJUDGED:  # the one way out: busy, and no quiet limit stored
         assert "that limit was measured while the machine was busy" in record.message
         pytest.skip(f"the copy limit was measured on a busy machine: {record.message}")
     _assert_status(record, Status.SUSPICIOUS, f"flagged above {SLACK:g}x")
@@ -189,16 +190,42 @@ def test_an_honest_copy_under_a_quiet_copy_limit_passes() -> None:
     assert all(limit.limit_gbps == 1000.0 for limit in record.limits.values())
 
 
+@pytest.fixture
+def no_quiet_limits(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A store of quiet copy limits of the test's own, empty at the start."""
+    monkeypatch.setenv("FUSIONLAB_CACHE_DIR", str(tmp_path))
+
+
 @pytest.mark.usefixtures("own_limits")
-def test_a_copy_limit_measured_while_busy_judges_nothing() -> None:
-    """The overclaiming clone against a limit marked busy: not condemned, and the record says
-    which mode went unjudged and why."""
+def test_a_copy_limit_measured_while_busy_with_no_quiet_one_stored_leaves_it_unjudged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """The overclaiming clone against a limit marked busy and nothing quiet to judge by (the
+    store cannot be written: a file where its folder should be): not condemned, not passed
+    either (it cannot win), and the record says why."""
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("FUSIONLAB_CACHE_DIR", str(tmp_path / "not-a-folder"))
     _plant_limits(COPY_SHAPE[0] * COPY_SHAPE[1] * 4, 1000.0, f"{BUSY_NOTE} (planted)")
     record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
-    assert record.status is Status.PASSED, record.message
-    for mode in record.limits:
-        assert f"{mode} not judged: " in record.message, record.message
-    assert f"that limit was {BUSY_NOTE} (planted)" in record.message
+    _assert_status(record, Status.UNJUDGED, "not judged: ", f"that limit was {BUSY_NOTE} "
+                   "(planted)", "no quiet copy limit of this machine is stored")
+
+
+@pytest.mark.usefixtures("own_limits", "no_quiet_limits")
+def test_a_copy_limit_that_stays_busy_is_replaced_by_the_last_quiet_one() -> None:
+    """A busy yardstick (a CPU hog beside the copy, or a variant's own child burning CPU) does
+    not knock the rule over: the last quiet limit of this machine judges instead."""
+    nbytes = COPY_SHAPE[0] * COPY_SHAPE[1] * 4
+    for cold in (False, True):
+        quiet = CopyLimits("cpu", "float32", nbytes, size_class(nbytes), 2000.0, 2000.0, cold,
+                           cold, 1, None, "")
+        quiet_limits.remember(get_device("cpu"), quiet)
+    _plant_limits(nbytes, 1000.0, f"{BUSY_NOTE} (planted)")
+    record = _trial("clone", "rbcopy_overclaimed", COPY_SHAPE)
+    _assert_status(record, Status.SUSPICIOUS, f"flagged above {SLACK:g}x",
+                   "judged against the last quiet copy limit of this machine")
+    honest = _trial("clone", "rbcopy", COPY_SHAPE)
+    assert honest.status is Status.PASSED, honest.message
 
 
 def test_work_the_profiler_cannot_see_is_suspicious() -> None:

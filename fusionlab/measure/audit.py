@@ -79,7 +79,8 @@ def audit(
         # As the copy limit is: once more as it ran, once on one thread (a parallel op stalls
         # when another process holds a core), keeping the faster.
         with serial() if retry else nullcontext():
-            again = timed_and_checked(fresh, count, every, cold=mode == "cold")
+            on = dataclasses.replace(fresh, threads=1) if retry else fresh  # the cell's threads
+            again = timed_and_checked(on, count, every, cold=mode == "cold")
         timing = min(timing, again, key=lambda t: t.min_ms)
     check_follows_new_values(fresh)
     bytes_moved = m.spec.bytes_moved(sets.shape, sets.dtype)

@@ -3,6 +3,7 @@ cold, and profile it. Runs in the worker process; failures become statuses, neve
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import torch
 
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device
-from fusionlab.measure import disturbance
+from fusionlab.measure import disturbance, quiet_limits
 from fusionlab.measure.correctness import (
     GateFailure,
     check_memory,
@@ -131,6 +132,7 @@ class Measured:
     kernel: Kernel
     tolerance: Tolerance
     like: torch.Tensor
+    threads: int  # torch's thread count before the variant was built: the cell's
 
 
 def build_and_gate(
@@ -153,6 +155,7 @@ def build_and_gate(
     like = tensors_in(first)[0]
     references = sets.reference(0)  # before the call: an in-place variant overwrites its inputs
     originals = snapshot(first)
+    threads = torch.get_num_threads()
     try:
         kernel, setup_ms = timed_once(
             lambda: variant.factory(device.type, **params), device.synchronize
@@ -169,14 +172,17 @@ def build_and_gate(
     accuracy = check_values(outputs, references, spec, like, tolerance)
     check_mutation(first, originals, spec, variant.inplace)
     check_memory(outputs, first, spec, variant.inplace)
-    measured = Measured(spec, variant, device, sets, kernel, tolerance, like)  # type: ignore[arg-type]
+    measured = Measured(
+        spec, variant, device, sets, kernel, tolerance, like, threads  # type: ignore[arg-type]
+    )
     return measured, setup_ms, first_ms, accuracy
 
 
 def timed_and_checked(
     m: Measured, count: int, settings: TimingSettings, cold: bool
 ) -> Timing:
-    """The timing loop over `count` input sets, gated: the clock cross-check, every input set
+    """The timing loop over `count` input sets, gated: the clock cross-check, what the variant
+    did while measured (audit hook, replaced code, threads beyond the cell's), every input set
     unchanged before and after, and the kept timed calls through the whole gate (fresh memory
     the variant no longer holds, then values)."""
     m.sets.ensure(count)
@@ -200,8 +206,9 @@ def timed_and_checked(
         flush=m.device.flush_cache if cold and m.device.event_device_types else None,
         time_one=m.device.time_one,
         working_set_bytes=count * m.sets.bytes_per_set,
+        threads=m.threads if m.device.type == "cpu" else 0,
     )
-    reason = loop.clock_reason()
+    reason = loop.reason()
     if reason:
         raise GateFailure(Status.SUSPICIOUS, reason)
     # Each output once, in one list each: the only references this side holds.
@@ -301,6 +308,7 @@ def copy_limit(
             device.type, dtype, nbytes, device.synchronize, cold, device.cache_bytes()
         )
         fresh.note = disturbance.mark_busy(fresh.note, watch.stop())
+        quiet_limits.remember(device, fresh)  # a quiet one judges later busy moments
         if known is None or fresh.limit_gbps > known.limit_gbps:
             _LIMITS.put(fresh)
     return _LIMITS.get(device.type, dtype, nbytes, cold) or known  # type: ignore[return-value]
@@ -337,10 +345,7 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     record.accuracy.checked_calls = 1 + 2 * task.timing.checked_calls
     check_follows_new_values(m)
     latencies = {mode: record.latency_ms(mode) or 0.0 for mode in ("warm", "cold")}
-    not_judged: list[str] = []
-    record.limits = check_bandwidth(m, record.bytes_moved, latencies, not_judged)
-    if not_judged:
-        record.message = "; ".join(not_judged)
+    record.limits = check_bandwidth(m, record.bytes_moved, latencies)
     phase.end("gate checks, copy limits")
     _profile(task, record, m)
     phase.end("profiler pass")
@@ -373,14 +378,12 @@ def _time_quietly(task: TrialTask, m: Measured, record: TrialRecord, phase: _Pha
 
 
 def check_bandwidth(
-    m: Measured,
-    bytes_moved: int,
-    latencies_ms: dict[str, float],
-    notes: list[str] | None = None,
+    m: Measured, bytes_moved: int, latencies_ms: dict[str, float]
 ) -> dict[str, CopyLimits]:
     """No latency (ms per call, by rank mode) may move the op's bytes faster than this device
     copies them (limits.SLACK); returns the copy limits each mode was judged against. A limit
-    measured while the machine was busy judges nothing: `notes` gets why instead."""
+    that stays busy when measured again is replaced by the last quiet limit of this machine
+    (measure/quiet_limits.py); with none stored, the trial is `unjudged` (it cannot win)."""
     dtype = m.like.dtype
     x_bytes = m.like.numel() * m.like.element_size()
     limits = {}
@@ -394,12 +397,22 @@ def check_bandwidth(
             reason = suspicious_reason(achieved, limit)
             if reason is None:
                 break
-        limits[mode] = limit
         if reason and disturbance.BUSY_NOTE in limit.note:
-            # disturbance: a copy limit measured on a busy machine is no yardstick; say so instead
-            if notes is not None:
-                notes.append(f"{mode} not judged: {reason}; that limit was {limit.note}")
-            reason = None
+            # disturbance: a copy limit measured on a busy machine is no yardstick
+            quiet = quiet_limits.last_quiet(m.device, dtype, x_bytes, cold=mode == "cold")
+            if quiet is None:
+                raise GateFailure(
+                    Status.UNJUDGED,
+                    f"{mode} not judged: {reason}; that limit was {limit.note}, and no quiet "
+                    "copy limit of this machine is stored to judge by",
+                )
+            note = "the last quiet limit of this machine (the one measured now was busy)"
+            limit = dataclasses.replace(quiet, note="; ".join(n for n in (quiet.note, note) if n))
+            reason = suspicious_reason(achieved, limit)
+            if reason:
+                reason += (" (judged against the last quiet copy limit of this machine: the one "
+                           "measured now stayed busy)")
+        limits[mode] = limit
         if reason:
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
     return limits

@@ -28,16 +28,20 @@ def _serve(
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     # The measuring modules first: they bind their clocks at import, before any plugin runs.
+    import torch
+
     import fusionlab.measure.audit
     import fusionlab.measure.rounds
     import fusionlab.measure.trial  # noqa: F401
+    from fusionlab.measure import events, integrity
 
+    events.install()  # PEP 578: cannot be removed; sees what every plugin does from now on
     if threads:
-        import torch
-
         torch.set_num_threads(threads)
+    cell_threads = torch.get_num_threads()
     from fusionlab.registry import ensure_variant_module, load_entry_points, load_plugin
 
+    integrity.seal()  # what the measuring path uses, before any plugin could replace it
     load_entry_points()
     for path in plugins:
         load_plugin(path)
@@ -51,8 +55,10 @@ def _serve(
         if task is None:
             return
         result = task.run()
-        # A variant replaced a clock: this process can time nothing more; the parent replaces it.
-        retire = clock_tampering() is not None
+        # A variant replaced a clock or part of the gate, or left torch on other threads: this
+        # process can time nothing more; the parent replaces it.
+        retire = (clock_tampering() is not None or events.tampered() is not None
+                  or torch.get_num_threads() != cell_threads)
         conn.send((result, retire))
         if retire:
             return

@@ -33,10 +33,11 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("r3-thread-fill", ("reused_memory", "incorrect", "suspicious")),
         ("r3-thread-fill-batched", ("reused_memory", "incorrect", "suspicious")),
     ],
+    # Since round four the audit hook sees their sys._getframe first (suspicious).
     "finding the checked call": [
-        ("r3-stack-locals", ("incorrect", "reused_memory")),
-        ("r3-stack-line", ("incorrect", "reused_memory")),
-        ("r3-predict-seeded-offsets", ("incorrect", "reused_memory")),
+        ("r3-stack-locals", ("incorrect", "reused_memory", "suspicious")),
+        ("r3-stack-line", ("incorrect", "reused_memory", "suspicious")),
+        ("r3-predict-seeded-offsets", ("incorrect", "reused_memory", "suspicious")),
     ],
     "replacing the clock": [
         ("r3-clock-perf-counter", ("suspicious",)),
@@ -44,7 +45,7 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("r3-clock-bound-name", ("suspicious",)),
     ],
     "behave in the search, cheat later": [
-        ("r3-cheat-in-rounds", ("stale_result", "incorrect", "reused_memory")),
+        ("r3-cheat-in-rounds", ("stale_result", "incorrect", "reused_memory", "suspicious")),
         ("r3-cheat-after-first-build", ("stale_result", "incorrect", "reused_memory")),
     ],
     "throttled skip near the copy bandwidth": [

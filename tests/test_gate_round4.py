@@ -1,0 +1,131 @@
+"""The gate, round four: the measuring process defends itself. Cheats on the process (entropy,
+profile functions, frame introspection, ctypes, threads and children, replaced code, more
+threads than the cell) are caught through the real worker, search trial then re-measurement
+rounds and audit, with the rule named; honest controls pass."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+from conftest import PLUGINS, cpu_cell
+
+from fusionlab.measure import events, integrity
+from fusionlab.measure.rounds import RoundsTask, StopRule
+from fusionlab.measure.timing import TimedLoop, TimingSettings, draw
+from fusionlab.measure.trial import TrialTask
+from fusionlab.measure.worker import TrialWorker
+from fusionlab.records import Status, Timing
+from fusionlab.registry import load_plugin
+
+ROUND4 = str(PLUGINS / "gaming_round4.py")
+load_plugin(ROUND4)
+EXPECTED = next(m for n, m in sys.modules.items()
+                if n.startswith("fusionlab_plugin_gaming_round4_")).EXPECTED
+FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
+CASES = [(group, name, statuses, word) for group, cases in EXPECTED.items()
+         for name, statuses, word in cases]
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with TrialWorker(plugins=[ROUND4]) as trial_worker:
+        yield trial_worker
+
+
+def _search_then_decision(worker: TrialWorker, variant: str, shape=(8, 256)) -> dict:
+    """The search trial; if it passes, the cell's rounds and audit beside the built-in."""
+    cell = cpu_cell("rmsnorm", shape)
+    record = worker.run(TrialTask(cell, variant, {}, seed=2, timing=FAST), 300)
+    if record["status"] != Status.PASSED.value:
+        return record
+    task = RoundsTask(cell, [("cheat", variant, {}), ("builtin", "builtin", {})], "warm",
+                      StopRule(min_rounds=2, max_rounds=2), timing=FAST,
+                      decided_ms={"cheat": record["timing"]["median_ms"]})
+    return worker.run(task, 600)["contenders"]["cheat"]
+
+
+@pytest.mark.parametrize(("group", "variant", "statuses", "word"), CASES)
+def test_round_four_cheat_is_caught_with_the_rule_named(worker, group, variant, statuses,
+                                                        word) -> None:
+    outcome = _search_then_decision(worker, variant)
+    assert outcome["status"] in statuses, f"{group}: {variant}: {outcome['message']}"
+    assert word in outcome["message"] and "\n" not in outcome["message"], outcome["message"]
+
+
+def test_after_a_cheat_swapped_the_gates_code_the_next_trial_runs_in_a_fresh_process(worker):
+    """The worker retires after a variant replaced the code of a gate check in place; the
+    built-in measured next passes (the replacement did not outlive the process)."""
+    cell = cpu_cell("rmsnorm", (8, 256))
+    caught = worker.run(TrialTask(cell, "r4-swap-code-of-gate", {}, timing=FAST), 300)
+    assert caught["status"] == Status.SUSPICIOUS.value, caught["message"]
+    honest = worker.run(TrialTask(cell, "builtin", {}, timing=FAST), 300)
+    assert honest["status"] == Status.PASSED.value, honest["message"]
+
+
+def test_more_threads_than_a_one_thread_cell_are_suspicious() -> None:
+    """`--threads 1`: a variant that leaves torch's thread count raised is caught after the
+    sample (and its worker retired); one that restores it before returning is caught by the
+    CPU time its loop used, when the machine has a second core free to give it."""
+    cell = cpu_cell("rmsnorm", (256, 4096))
+    with TrialWorker(plugins=[ROUND4], threads=1) as one_thread:
+        caught = one_thread.run(TrialTask(cell, "r4-threads-left-raised", {}, timing=FAST), 300)
+        assert caught["status"] == Status.SUSPICIOUS.value, caught["message"]
+        assert "thread count was not the cell's 1" in caught["message"]
+        honest = one_thread.run(TrialTask(cell, "builtin", {}, timing=FAST), 300)
+        assert honest["status"] == Status.PASSED.value, honest["message"]
+        slow = TimingSettings(warmup_s=0.05, budget_s=0.3, min_samples=10, max_samples=100)
+        hidden = one_thread.run(TrialTask(cell, "r4-threads-raised-in-call", {}, timing=slow),
+                                300)
+    if hidden["status"] == Status.PASSED.value:
+        pytest.skip(f"no second core was free to run the hidden threads: {hidden['message']}")
+    assert hidden["status"] == Status.SUSPICIOUS.value, hidden["message"]
+    assert "cell of 1 thread" in hidden["message"]
+
+
+def test_cpu_time_beyond_the_cells_threads_is_suspicious() -> None:
+    timing = Timing(1.0, 1.0, 1.0, 1.0, 0.0, 1, [1.0])
+    assert TimedLoop(timing, [], clock_s=1.0, cpu_s=1.2, threads=1).threads_reason() is None
+    reason = TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=1).threads_reason()
+    assert reason is not None and "cell of 1 thread" in reason
+    assert TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=2).threads_reason() is None
+
+
+def test_the_audit_hook_names_what_a_watched_call_did_and_nothing_outside() -> None:
+    sys._getframe(0)  # not watched: not noted
+    with events.watching() as noted:
+        torch.ones(4).sum()
+    assert noted == []
+    with events.watching() as noted:
+        sys._getframe(0)
+    assert noted == ["sys._getframe"]
+
+
+def test_a_replaced_torch_function_is_named_and_dynamos_own_wrapper_is_not() -> None:
+    integrity.seal()
+    original = torch.rms_norm
+    try:
+        torch.rms_norm = torch._disable_dynamo(original)  # what importing torch._dynamo does
+        assert integrity.replaced() is None
+        torch.rms_norm = lambda *args, **kwargs: original(*args, **kwargs)
+        assert integrity.replaced() == "torch.rms_norm"
+    finally:
+        torch.rms_norm = original
+    assert integrity.replaced() is None
+
+
+def test_draws_read_the_entropy_bound_at_import(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A constant os.urandom put in after import steers no draw (and is named as replaced)."""
+    integrity.seal()
+    monkeypatch.setattr(os, "urandom", lambda count: bytes(count))
+    assert len({draw(1000) for _ in range(20)}) > 1
+    assert integrity.replaced() == "os.urandom"
+
+
+def test_draws_cover_the_range_evenly() -> None:
+    counts = [0] * 3
+    for _ in range(3000):
+        counts[draw(3)] += 1
+    assert all(800 < count < 1200 for count in counts), counts
