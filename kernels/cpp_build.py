@@ -29,6 +29,11 @@ _ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
     "AVX2": ["-mavx2", "-mfma", "-mf16c"],
 }
+ISA_ENV = "FUSIONLAB_CPP_ISA"
+"""Environment variable choosing the kernels' vector ISA: auto (ATen's own on this CPU), avx512,
+avx2 or scalar (no vector flags: at::vec's portable loops, plain stores only)."""
+_ISA_CHOICES = {"auto": None, "avx512": "AVX512", "avx2": "AVX2", "scalar": "DEFAULT"}
+_ISA_ORDER = ("DEFAULT", "AVX2", "AVX512")
 _STAMP = "built.ok"  # written after a build and load succeeded: a half-built dir has none
 LOCK_FILE = "build.flock"  # in each build dir; not "lock": cpp_extension's FileBaton owns that
 _lock = threading.Lock()
@@ -48,15 +53,42 @@ def _cpu_flags() -> set[str]:
     return {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split()}
 
 
+def _native_isa() -> str:
+    """The widest ISA of _ISA_FLAGS that ATen dispatches to here, else DEFAULT."""
+    isa = torch.backends.cpu.get_cpu_capability()
+    return isa if isa in _ISA_FLAGS else "DEFAULT"
+
+
+def _wanted_isa() -> str:
+    return os.environ.get(ISA_ENV, "auto").strip().lower() or "auto"
+
+
+def isa_error() -> str | None:
+    """What is wrong with $FUSIONLAB_CPP_ISA on this CPU, or None."""
+    wanted = _wanted_isa()
+    if wanted not in _ISA_CHOICES:
+        return f"{ISA_ENV}={wanted!r}: use one of {', '.join(_ISA_CHOICES)}"
+    isa = _ISA_CHOICES[wanted]
+    if isa is not None and _ISA_ORDER.index(isa) > _ISA_ORDER.index(_native_isa()):
+        return f"{ISA_ENV}={wanted}: this CPU (as torch sees it) goes up to {_native_isa()}"
+    return None
+
+
+def vector_isa() -> str:
+    """The ISA the kernels are built for: AVX512, AVX2 or DEFAULT (scalar), per $FUSIONLAB_CPP_ISA
+    (auto: ATen's own); call isa_error() first."""
+    return _ISA_CHOICES.get(_wanted_isa()) or _native_isa()
+
+
 def build_flags() -> tuple[list[str], list[str]]:
-    """(compiler flags, linker flags) for this CPU and this torch build."""
+    """(compiler flags, linker flags) for this CPU, this torch build and vector_isa()."""
     cflags, ldflags = ["-O3"], []
     if torch.backends.openmp.is_available():
         # Without -fopenmp, ATen's header-only parallel_for silently runs serially. The link
         # resolves to the libgomp torch already loaded (same soname): one OpenMP runtime.
         cflags.append("-fopenmp")
         ldflags.append("-fopenmp")
-    isa = torch.backends.cpu.get_cpu_capability()
+    isa = vector_isa()
     if isa in _ISA_FLAGS:
         cflags += [*_ISA_FLAGS[isa], f"-DCPU_CAPABILITY={isa}", f"-DCPU_CAPABILITY_{isa}"]
     if isa == "AVX512" and "avx512_bf16" in _cpu_flags():
@@ -66,6 +98,9 @@ def build_flags() -> tuple[list[str], list[str]]:
 
 def unavailable_reason() -> str | None:
     """Why no extension can be built on this machine, or None; checks the tools, never builds."""
+    problem = isa_error()
+    if problem is not None:
+        return problem
     compiler = cpp_extension.get_cxx_compiler()
     if shutil.which((compiler.split() or [""])[0]) is None:
         return f"no C++ compiler: {compiler!r} is not on PATH (install g++ or set CXX)"

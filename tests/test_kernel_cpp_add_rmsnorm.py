@@ -202,7 +202,12 @@ def test_profiler_sees_one_op_record_per_call(fn, name):
 
 
 def test_module_contract():
-    assert set(cpu_cpp.TUNABLES) == {"rows_per_task"}
+    assert set(cpu_cpp.TUNABLES) == {"rows_per_task", "store"}
+    assert set(cpu_cpp.INPLACE_TUNABLES) == {"rows_per_task"}
     assert all(cpu_cpp.param_error((2, 64), rows_per_task=r) is None for r in ROWS_PER_TASK)
     assert cpu_cpp.param_error((2, 64), rows_per_task=0) is not None
+    # "stream" only where it can take effect: big enough, rows of whole 64-byte lines.
+    assert cpu_cpp.param_error((2048, 4096), rows_per_task=1, store="stream") is None
+    assert "smaller outputs" in cpu_cpp.param_error((2, 64), rows_per_task=1, store="stream")
+    assert "multiple of 32" in cpu_cpp.param_error((8192, 100), rows_per_task=1, store="stream")
     assert cpu_cpp.load_extension() == 0.0

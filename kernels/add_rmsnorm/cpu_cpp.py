@@ -13,9 +13,14 @@ from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels import cpp_build, cpu_store, norm_grads
 
-TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
+INPLACE_TUNABLES: dict[str, tuple[int | str, ...]] = {"rows_per_task": (1, 4, 16, 64)}
+"""In place, pass 1 has pulled every output line into the cache: stores are always plain."""
+TUNABLES: dict[str, tuple[int | str, ...]] = {
+    **INPLACE_TUNABLES,
+    "store": cpu_store.STORE_CHOICES,
+}
 
 _SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_cpu.cpp",)
 _HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
@@ -31,9 +36,12 @@ def unavailable_reason() -> str | None:
     return cpp_build.unavailable_reason()
 
 
-def param_error(shape: tuple[int, ...], rows_per_task: int) -> str | None:
-    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain)."""
-    return None if rows_per_task >= 1 else f"rows_per_task must be >= 1, got {rows_per_task}"
+def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto") -> str | None:
+    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain); "stream"
+    only where it can take effect (kernels/cpu_store.py)."""
+    if rows_per_task < 1:
+        return f"rows_per_task must be >= 1, got {rows_per_task}"
+    return cpu_store.store_error(shape, store)
 
 
 def load_extension() -> float:
@@ -53,7 +61,8 @@ def _register_fakes() -> None:
 
 
 def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-          rows_per_task: int, casting: str = "none", offset: float = 0.0) -> Pair:
+          rows_per_task: int, casting: str = "none", offset: float = 0.0,
+          store: str = "auto") -> Pair:
     return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
 
 
@@ -63,12 +72,14 @@ def _fake_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 
 def add_rms_norm_cpp(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+    store: str = "auto",
 ) -> Pair:
-    """(rmsnorm(x + residual) * weight, x + residual) as new tensors; inputs are left alone."""
+    """(rmsnorm(x + residual) * weight, x + residual) as new tensors; inputs are left alone;
+    store is the kind of output stores (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, residual, weight, eps, rows_per_task)
+    return _op(x, residual, weight, eps, rows_per_task, store=store)
 
 
 def add_rms_norm_cpp_(
@@ -83,12 +94,12 @@ def add_rms_norm_cpp_(
 
 def add_rms_norm_cpp_with(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
-    casting: str, offset: float,
+    casting: str, offset: float, store: str = "auto",
 ) -> Pair:
     """add_rms_norm_cpp with a layer's numerics (fusionlab/numerics.py): casting and offset."""
     if _op is None:
         load_extension()
-    return _op(x, residual, weight, eps, rows_per_task, casting, offset)
+    return _op(x, residual, weight, eps, rows_per_task, casting, offset, store)
 
 
 def add_rms_norm_cpp_with_(

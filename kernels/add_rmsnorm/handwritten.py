@@ -35,7 +35,7 @@ def cpp(device_type: str, numerics: Numerics = DEFAULT, **params: Any) -> Kernel
     ADD_RMSNORM.name,
     "cpp-inplace",
     devices=("cpu",),
-    tunables=cpu_cpp.TUNABLES,
+    tunables=cpu_cpp.INPLACE_TUNABLES,
     available=lambda device_type: cpu_cpp.unavailable_reason(),
     check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
     inplace={"y": "x", "residual_out": "residual"},

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels import cpp_build, cpu_store, norm_grads
 
-TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": (1, 4, 16, 64)}
+TUNABLES: dict[str, tuple[int | str, ...]] = {
+    "rows_per_task": (1, 4, 16, 64),
+    "store": cpu_store.STORE_CHOICES,
+}
 
 _SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
 _HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
@@ -25,9 +28,12 @@ def unavailable_reason() -> str | None:
     return cpp_build.unavailable_reason()
 
 
-def param_error(shape: tuple[int, ...], rows_per_task: int) -> str | None:
-    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain)."""
-    return None if rows_per_task >= 1 else f"rows_per_task must be >= 1, got {rows_per_task}"
+def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto") -> str | None:
+    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain); "stream"
+    only where it can take effect (kernels/cpu_store.py)."""
+    if rows_per_task < 1:
+        return f"rows_per_task must be >= 1, got {rows_per_task}"
+    return cpu_store.store_error(shape, store)
 
 
 def load_extension() -> float:
@@ -45,14 +51,16 @@ def _register_fake() -> None:
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-          rows_per_task: int) -> torch.Tensor:
+          rows_per_task: int, store: str = "auto") -> torch.Tensor:
     return norm_grads.empty_like_rows(x)
 
 
 def layer_norm_cpp(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int,
+    store: str = "auto",
 ) -> torch.Tensor:
-    """LayerNorm of x over its last dim, with weight and bias; rows_per_task is the grain."""
+    """LayerNorm of x over its last dim, with weight and bias; rows_per_task is the grain, store
+    the kind of output stores (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, weight, bias, eps, rows_per_task)
+    return _op(x, weight, bias, eps, rows_per_task, store)

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels import cpp_build, cpu_store, norm_grads
 
 ROWS_PER_TASK_CHOICES: tuple[int, ...] = (1, 4, 16, 64)
-TUNABLES: dict[str, tuple[int, ...]] = {"rows_per_task": ROWS_PER_TASK_CHOICES}
+TUNABLES: dict[str, tuple[int | str, ...]] = {
+    "rows_per_task": ROWS_PER_TASK_CHOICES,
+    "store": cpu_store.STORE_CHOICES,
+}
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = (_CSRC / "rmsnorm_cpu.cpp",)
@@ -28,9 +31,12 @@ def unavailable_reason() -> str | None:
     return cpp_build.unavailable_reason()
 
 
-def param_error(shape: tuple[int, ...], rows_per_task: int) -> str | None:
-    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain)."""
-    return None if rows_per_task >= 1 else f"rows_per_task must be >= 1, got {rows_per_task}"
+def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto") -> str | None:
+    """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain); "stream"
+    only where it can take effect (kernels/cpu_store.py)."""
+    if rows_per_task < 1:
+        return f"rows_per_task must be >= 1, got {rows_per_task}"
+    return cpu_store.store_error(shape, store)
 
 
 def load_extension() -> float:
@@ -51,24 +57,25 @@ def _register_fake() -> None:
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
-          casting: str = "none", offset: float = 0.0) -> torch.Tensor:
+          casting: str = "none", offset: float = 0.0, store: str = "auto") -> torch.Tensor:
     return norm_grads.empty_like_rows(x)
 
 
 def rms_norm_cpp(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, store: str = "auto"
 ) -> torch.Tensor:
-    """RMSNorm of x over its last dim, scaled by weight; rows_per_task is the parallel grain."""
+    """RMSNorm of x over its last dim, scaled by weight; rows_per_task is the parallel grain,
+    store the kind of output stores (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, weight, eps, rows_per_task)
+    return _op(x, weight, eps, rows_per_task, store=store)
 
 
 def rms_norm_cpp_with(
     x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, casting: str,
-    offset: float,
+    offset: float, store: str = "auto",
 ) -> torch.Tensor:
     """rms_norm_cpp with a module's numerics (fusionlab/numerics.py): casting mode and offset."""
     if _op is None:
         load_extension()
-    return _op(x, weight, eps, rows_per_task, casting, offset)
+    return _op(x, weight, eps, rows_per_task, casting, offset, store)

@@ -7,7 +7,8 @@
 // non-temporal stores when they are big (writing residual_out in pass 1 instead would keep it
 // out of streaming, since pass 2 would then have to read it back).
 // The in-place flavour (vLLM's contract) writes out into x and s into residual: each block is
-// read before it is written, so the same two passes are safe in place.
+// read before it is written, so the same two passes are safe in place. The out-of-place op's
+// `store` picks plain or non-temporal stores (StoreKind); in place, stores are always plain.
 // Casting "llama" and "gemma" (fusionlab/numerics.py) model a decoder layer whose add is its own
 // op: the sum is rounded to x's dtype before its statistics are taken (kRoundSum), as the model's
 // `residual + hidden_states` is; "llama" also rounds the normalised row before the weight multiply.
@@ -163,7 +164,7 @@ void check_arguments(const char* op, const at::Tensor& x, const at::Tensor& resi
 
 // Runs the kernel from x and residual (rows at uniform strides) into out and res.
 void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, at::Tensor& out,
-         at::Tensor& res, const Rows& g, double eps, int64_t rows_per_task, bool may_stream,
+         at::Tensor& res, const Rows& g, double eps, int64_t rows_per_task, StoreKind store,
          Casting casting, double offset) {
   const at::Tensor w_in = weight.contiguous();
   std::vector<float> w_widened;
@@ -173,8 +174,8 @@ void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weig
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
     scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
     const int64_t size = sizeof(scalar_t);
-    const bool stream = may_stream && should_stream(out_ptr, g.hidden, size, out.nbytes()) &&
-                        should_stream(res_ptr, g.hidden, size, res.nbytes());
+    const bool stream = should_stream(out_ptr, g.hidden, size, out.nbytes(), store) &&
+                        should_stream(res_ptr, g.hidden, size, res.nbytes(), store);
     using RowsFn = decltype(&add_rms_norm_rows<false, false, false, scalar_t>);
     RowsFn rows_fn = nullptr;
     if (!casting.round_sum) {  // "none"
@@ -196,10 +197,12 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
                                                     const at::Tensor& residual,
                                                     const at::Tensor& weight, double eps,
                                                     int64_t rows_per_task,
-                                                    c10::string_view casting, double offset) {
+                                                    c10::string_view casting, double offset,
+                                                    c10::string_view store) {
   const char* op = "fusionlab::add_rms_norm_cpu";
   check_arguments(op, x, residual, weight, eps, rows_per_task);
   const Casting mode = parse_casting(casting, op);
+  const StoreKind store_kind = parse_store(store, op);
   // Allocated without the dispatcher so a profiled call is a single op record.
   at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
   at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
@@ -213,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu(const at::Tensor& x,
   const at::Tensor r_src = r_stride ? residual : residual.contiguous();
   const Rows g{x.numel() / hidden, hidden, x_stride.value_or(hidden), r_stride.value_or(hidden),
                hidden, hidden};
-  run(x_src, r_src, weight, out, res, g, eps, rows_per_task, /*may_stream=*/true, mode, offset);
+  run(x_src, r_src, weight, out, res, g, eps, rows_per_task, store_kind, mode, offset);
   return {out, res};
 }
 
@@ -239,10 +242,11 @@ void add_rms_norm_cpu_(const at::Tensor& x, const at::Tensor& residual, const at
     const Rows g{x.numel() / hidden, hidden, *x_stride, *r_stride, *x_stride, *r_stride};
     at::Tensor out = x, res = residual;
     // Plain stores: pass 1 has just pulled every line being written into the cache.
-    run(x, residual, weight, out, res, g, eps, rows_per_task, /*may_stream=*/false, mode, offset);
+    run(x, residual, weight, out, res, g, eps, rows_per_task, StoreKind::kPlain, mode, offset);
   } else {
     // Rows that no single stride reaches: compute out of place, then copy into the inputs.
-    auto [out, res] = add_rms_norm_cpu(x, residual, weight, eps, rows_per_task, casting, offset);
+    auto [out, res] =
+        add_rms_norm_cpu(x, residual, weight, eps, rows_per_task, casting, offset, "auto");
     x.copy_(out);
     residual.copy_(res);
   }
@@ -257,7 +261,7 @@ const auto& forward_op() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fusionlab::add_rms_norm_cpu", "")
           .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
-                      c10::string_view, double)>();
+                      c10::string_view, double, c10::string_view)>();
   return op;
 }
 
@@ -266,14 +270,15 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
                                const at::Tensor& residual, const at::Tensor& weight, double eps,
                                int64_t rows_per_task, const std::string& casting, double offset,
-                               c10::DispatchKeySet below) {
+                               const std::string& store, c10::DispatchKeySet below) {
     ctx->save_for_backward({x, residual, weight});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["offset"] = offset;
     ctx->saved_data["round_sum"] = casting != "none";
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, res] =
-        forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting, offset);
+        forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting, offset,
+                                store);
     return {out, res};
   }
 
@@ -288,21 +293,23 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
     auto [grad_total, grad_weight] = backward_op.call(
         grads[0], grads[1], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(),
         ctx->saved_data["offset"].toDouble(), ctx->saved_data["round_sum"].toBool());
-    return {grad_total, grad_total, grad_weight, {}, {}, {}, {}, {}};
+    return {grad_total, grad_total, grad_weight, {}, {}, {}, {}, {}, {}};
   }
 };
 
 // The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
 Pair add_rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                const at::Tensor& residual, const at::Tensor& weight, double eps,
-                               int64_t rows_per_task, c10::string_view casting, double offset) {
+                               int64_t rows_per_task, c10::string_view casting, double offset,
+                               c10::string_view store) {
   const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
   if (!needs_grad(x, residual, weight)) {
     return forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting,
-                                   offset);
+                                   offset, store);
   }
-  variable_list outputs = AddRMSNormFunction::apply(x, residual, weight, eps, rows_per_task,
-                                                    std::string(casting), offset, below);
+  variable_list outputs =
+      AddRMSNormFunction::apply(x, residual, weight, eps, rows_per_task, std::string(casting),
+                                offset, std::string(store), below);
   return {outputs[0], outputs[1]};
 }
 
@@ -311,7 +318,8 @@ Pair add_rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, float eps, "
-        "int rows_per_task, str casting=\"none\", float offset=0.0) -> (Tensor, Tensor)");
+        "int rows_per_task, str casting=\"none\", float offset=0.0, str store=\"auto\") "
+        "-> (Tensor, Tensor)");
   m.def("add_rms_norm_cpu_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, "
         "int rows_per_task, str casting=\"none\", float offset=0.0) -> ()");
 }

@@ -1,7 +1,8 @@
 // LayerNorm over the last dim for CPU: y = (x - mean) * rsqrt(var + eps) * weight + bias, with the
 // biased (population) variance. Two passes per row: one read of x for mean and variance, then the
 // normalised write, which finds the row still in L1/L2. All arithmetic in fp32 (row statistics
-// merged in fp64), one rounding on store. Shared helpers are in ../../rmsnorm/csrc.
+// merged in fp64), one rounding on store; `store` picks plain or non-temporal stores (StoreKind).
+// Shared helpers are in ../../rmsnorm/csrc.
 //
 // Why Welford for the statistics: the one-pass alternative, var = E[x^2] - E[x]^2 from plain fp32
 // sums, cancels catastrophically once |mean| >> std (hidden states with large offsets or outlier
@@ -19,6 +20,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <string>
 
 namespace {
 
@@ -146,7 +148,8 @@ void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const flo
 }
 
 at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                          double eps, int64_t rows_per_task) {
+                          double eps, int64_t rows_per_task, c10::string_view store) {
+  const StoreKind store_kind = parse_store(store, "fusionlab::layer_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu(),
               "fusionlab::layer_norm_cpu: x, weight and bias must be CPU tensors, got ",
               x.device(), ", ", weight.device(), " and ", bias.device());
@@ -184,7 +187,7 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const a
   AT_DISPATCH_V2(x.scalar_type(), "layer_norm_cpu", AT_WRAP([&] {
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
-    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes());
+    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
     (stream ? layer_norm_rows<true, scalar_t> : layer_norm_rows<false, scalar_t>)(
         x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
@@ -199,7 +202,7 @@ const auto& forward_op() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fusionlab::layer_norm_cpu", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                            int64_t)>();
+                            int64_t, c10::string_view)>();
   return op;
 }
 
@@ -207,11 +210,11 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, double eps, int64_t rows_per_task,
-                            c10::DispatchKeySet below) {
+                            const std::string& store, c10::DispatchKeySet below) {
     ctx->save_for_backward({x, weight, bias});
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView guard;
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task);
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -225,27 +228,27 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] = backward_op.call(
         grads[0], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble());
-    return {grad_x, grad_weight, grad_bias, {}, {}, {}};
+    return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}};
   }
 };
 
 // The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
 at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
-                                   int64_t rows_per_task) {
+                                   int64_t rows_per_task, c10::string_view store) {
   const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
   if (!needs_grad(x, weight, bias)) {
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task);
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store);
   }
-  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, below);
+  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, std::string(store), below);
 }
 
 }  // namespace
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task) "
-        "-> Tensor");
+  m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task, "
+        "str store=\"auto\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {

@@ -68,13 +68,27 @@ inline bool output_pages_mapped(const void* p, int64_t bytes) {
   return true;  // unknown: keep streaming, the right call for a reused buffer
 }
 
-// Streaming pays for a contiguous output of kStreamMinBytes or more, vector-aligned rows and
-// pages already mapped.
-inline bool should_stream(const void* y, int64_t hidden, int64_t element_size, int64_t bytes) {
+// How outputs are stored, the `store` argument of every out-of-place op: "auto" streams outputs of
+// kStreamMinBytes or more, "stream" streams at any size, "plain" never does. Streaming needs
+// vector-aligned rows and pages already mapped (else every choice stores plainly), and a build
+// with a vector ISA.
+enum class StoreKind { kAuto, kPlain, kStream };
+
+inline StoreKind parse_store(c10::string_view store, const char* op) {
+  TORCH_CHECK(store == "auto" || store == "plain" || store == "stream", op,
+              ": store must be auto, plain or stream, got ", store);
+  return store == "auto" ? StoreKind::kAuto
+                         : (store == "plain" ? StoreKind::kPlain : StoreKind::kStream);
+}
+
+inline bool should_stream(const void* y, int64_t hidden, int64_t element_size, int64_t bytes,
+                          StoreKind kind) {
+  if (kind == StoreKind::kPlain || (kind == StoreKind::kAuto && bytes < kStreamMinBytes)) {
+    return false;
+  }
   const bool aligned =
       reinterpret_cast<std::uintptr_t>(y) % 64 == 0 && hidden * element_size % 64 == 0;
-  return FUSIONLAB_CAN_STREAM && aligned && bytes >= kStreamMinBytes &&
-         output_pages_mapped(y, bytes);
+  return FUSIONLAB_CAN_STREAM && aligned && output_pages_mapped(y, bytes);
 }
 
 // Non-temporal store of one vector to a vector-aligned address.

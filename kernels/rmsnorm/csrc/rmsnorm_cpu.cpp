@@ -1,7 +1,9 @@
 // RMSNorm over the last dim for CPU: y = x * rsqrt(mean(x^2) + eps) * weight.
 // Two passes per row (sum of squares, then scaled write), all arithmetic in fp32, one rounding on
 // store; with casting "llama" the normalised row is also rounded to x's dtype before the weight
-// multiply (HF LlamaRMSNorm), and `offset` is added to the weight (Gemma's 1 + weight). Shared helpers (loads, stores, streaming, strides) are in cpu_norm_common.h.
+// multiply (HF LlamaRMSNorm), and `offset` is added to the weight (Gemma's 1 + weight); `store`
+// picks plain or non-temporal stores (see StoreKind). Shared helpers (loads, stores, streaming,
+// strides) are in cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
 
@@ -88,8 +90,10 @@ void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64
 }
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps,
-                        int64_t rows_per_task, c10::string_view casting, double offset) {
+                        int64_t rows_per_task, c10::string_view casting, double offset,
+                        c10::string_view store) {
   const bool round_normed = rounds_normed(casting, "fusionlab::rms_norm_cpu");
+  const StoreKind store_kind = parse_store(store, "fusionlab::rms_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
               "fusionlab::rms_norm_cpu: x and weight must be CPU tensors, got ", x.device(),
               " and ", weight.device());
@@ -124,7 +128,7 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
   AT_DISPATCH_V2(x.scalar_type(), "rms_norm_cpu", AT_WRAP([&] {
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
-    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes());
+    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
     const auto rows_fn = round_normed
         ? (stream ? rms_norm_rows<true, true, scalar_t> : rms_norm_rows<false, true, scalar_t>)
         : (stream ? rms_norm_rows<true, false, scalar_t> : rms_norm_rows<false, false, scalar_t>);
@@ -143,7 +147,7 @@ const auto& forward_op() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fusionlab::rms_norm_cpu", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t,
-                            c10::string_view, double)>();
+                            c10::string_view, double, c10::string_view)>();
   return op;
 }
 
@@ -151,12 +155,14 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             double eps, int64_t rows_per_task, const std::string& casting,
-                            double offset, c10::DispatchKeySet below) {
+                            double offset, const std::string& store,
+                            c10::DispatchKeySet below) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["offset"] = offset;
     at::AutoDispatchBelowADInplaceOrView guard;
-    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset);
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset,
+                                   store);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -169,20 +175,21 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
     auto [grad_x, grad_weight] =
         backward_op.call(grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
                          ctx->saved_data["offset"].toDouble());
-    return {grad_x, grad_weight, {}, {}, {}, {}, {}};
+    return {grad_x, grad_weight, {}, {}, {}, {}, {}, {}};
   }
 };
 
 // The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
 at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                  const at::Tensor& weight, double eps, int64_t rows_per_task,
-                                 c10::string_view casting, double offset) {
+                                 c10::string_view casting, double offset,
+                                 c10::string_view store) {
   const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
   if (!needs_grad(x, weight)) {
-    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset);
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset, store);
   }
   return RMSNormFunction::apply(x, weight, eps, rows_per_task, std::string(casting), offset,
-                                below);
+                                std::string(store), below);
 }
 
 }  // namespace
@@ -190,7 +197,7 @@ at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task, "
-        "str casting=\"none\", float offset=0.0) -> Tensor");
+        "str casting=\"none\", float offset=0.0, str store=\"auto\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
