@@ -154,6 +154,8 @@ def load_function(spec: str, option: str) -> Callable[..., Any]:
         raise UserError(f"{option} {spec!r}: write module:function or file.py:function")
     try:
         if where.endswith(".py") or os.sep in where:
+            if not Path(where).is_file():
+                raise UserError(f"{option} {spec!r}: no such file {where!r}")
             module = _module_from_file(Path(where))
         else:
             if os.getcwd() not in sys.path:  # `mymodels:build` imports from here, as in Python
@@ -180,8 +182,6 @@ def function_spec(spec: str) -> str:
 
 
 def _module_from_file(path: Path) -> Any:
-    if not path.is_file():
-        raise UserError(f"no such file {str(path)!r}")
     module_name = f"fusionlab_model_{path.stem}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
