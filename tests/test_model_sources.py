@@ -152,3 +152,12 @@ def test_bad_model_input_is_one_line_exit_2_nothing_written(argv, says, tmp_path
     assert len(lines) == 1 and lines[0].startswith("fusionlab: ") and says in lines[0], err
     assert out == ""
     assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_that_do_not_fit_the_config_are_one_line(saved, tmp_path, monkeypatch,
+                                                         capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = _main(["capture", "--model", str(saved[0]), "--config", "hidden_size=64"],
+                           capsys)
+    assert code == 2 and out == "" and list(tmp_path.iterdir()) == []
+    assert err.count("\n") == 1 and "weights do not have the sizes --config sets" in err, err

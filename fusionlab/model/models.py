@@ -80,15 +80,19 @@ def random_causal_lm(config: Any, dtype: torch.dtype = torch.float32, seed: int 
 
 @contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """transformers' own notices (token ids beyond a tiny vocabulary...) kept off stderr."""
+    """transformers' own notices (token ids beyond a tiny vocabulary...) and progress bars kept
+    off stderr."""
     from transformers.utils import logging
 
-    level = logging.get_verbosity()
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     try:
         yield
     finally:
         logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def _randomise_norm_weights(model: nn.Module, seed: int) -> None:

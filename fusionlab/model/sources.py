@@ -104,6 +104,11 @@ class FolderSource(ModelSource):
                     local_files_only=True,
                 )
         except Exception as error:  # weights that do not load (or do not match --config)
+            if "mismatched_sizes" in str(error):
+                raise UserError(
+                    f"--model {self.spec}: its weights do not have the sizes --config sets; drop "
+                    "the size settings, or use a folder with config.json alone (random weights)"
+                ) from None
             raise UserError(
                 f"--model {self.spec}: loading its weights {_one_line(error)}"
             ) from None
