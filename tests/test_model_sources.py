@@ -134,6 +134,7 @@ BIG = "hidden_size=1024,num_hidden_layers=100000"
         (["--model", "llama-tiny", "--tokens", "8,0"], "at least 1"),
         (["--model", "llama-tiny", "-o", "/no/such/folder/cap.json"], "does not exist"),
         (["--model", str(PLUGINS)], "has no config.json"),
+        (["--model", "models/qwen3"], "no such folder"),
         (["--model", f"{FACTORIES}:raises"], "RuntimeError: the checkpoint server is down"),
         (["--model", f"{FACTORIES}:not_a_module"], "returned int, not a torch.nn.Module"),
         (["--model", f"{FACTORIES}:missing"], "has no function 'missing'"),

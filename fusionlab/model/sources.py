@@ -146,6 +146,8 @@ def open_source(spec: str) -> ModelSource:
         return FolderSource(Path(spec))
     if ":" in spec:
         return FactorySource(spec)
+    if os.sep in spec or spec.startswith("."):
+        raise UserError(f"--model {spec!r}: no such folder")
     raise UserError(
         f"unknown model {spec!r}: give {', '.join(MODEL_NAMES)}, a folder written by "
         "save_pretrained, or module:function (a factory returning an nn.Module)"
