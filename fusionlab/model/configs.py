@@ -39,7 +39,7 @@ def config_fields(config_class: type) -> dict[str, Any]:
     if dataclasses.is_dataclass(config_class):
         fields = {f.name: _resolved(f.type, config_class) for f in dataclasses.fields(config_class)}
     else:
-        fields = _init_parameters(config_class.__init__)[0]
+        fields = factory_parameters(config_class.__init__)[0]
     for alias, name in getattr(config_class, "attribute_map", {}).items():
         if name in fields:
             fields[alias] = fields[name]
@@ -59,12 +59,8 @@ def _resolved(annotation: Any, owner: type) -> Any:
         return Any
 
 
-def factory_parameters(factory: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
-    """A factory's keyword parameters and their types, and whether it takes **kwargs."""
-    return _init_parameters(factory)
-
-
-def _init_parameters(function: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
+def factory_parameters(function: Callable[..., Any]) -> tuple[dict[str, Any], bool]:
+    """A function's keyword parameters and their types, and whether it takes **kwargs."""
     signature = inspect.signature(function)
     try:
         hints = typing.get_type_hints(function)
