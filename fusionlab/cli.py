@@ -77,16 +77,37 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_model_source(parser: argparse.ArgumentParser, *, again: bool) -> None:
+    """--model and what makes it (for bench-model: each defaults to the capture's own)."""
+    default = " (default: the capture's)" if again else ""
+    parser.add_argument(
+        "--model", required=not again,
+        help="llama-tiny, gemma-tiny or gpt2-tiny (random weights, no download); a folder written "
+        "by save_pretrained (its weights, or random ones if it holds only config.json); or "
+        "module:function / file.py:function returning an nn.Module" + default,
+    )
+    parser.add_argument(
+        "--config", metavar="NAME=VALUE,...",
+        help="config settings typed from the config class (or the factory's keyword arguments), "
+        "e.g. hidden_size=1024,rms_norm_eps=1e-6,tie_word_embeddings=false" + default,
+    )
+    parser.add_argument("--dtype", help="float32 (default for transformers models), bfloat16 or "
+                        "float16; a factory's model keeps its own dtype unless given" + default)
+    fallback = "the capture's, else " if again else ""
+    parser.add_argument("--tokens", metavar="N[,N...]",
+                        help="prompt lengths of the prefill steps, e.g. 128 or 16,128 "
+                        f"(default: {fallback}128)")
+    parser.add_argument("--inputs", metavar="module:function",
+                        help="the example inputs of a model that is not a causal LM (a tensor, "
+                        "tuple or dict; the function may take the model)" + default)
+    parser.add_argument("--seed", type=int,
+                        help=f"seed of the weights and token ids (default: {fallback}0)")
+
+
 def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     """The `capture` and `bench-model` subcommands."""
     cap = commands.add_parser("capture", help="record a model's norm calls, numerics and times")
-    cap.add_argument("--model", required=True,
-                     help="llama-tiny, gemma-tiny or gpt2-tiny: a transformers model made from "
-                     "its config with random weights (no download)")
-    cap.add_argument("--config", help="config overrides, e.g. hidden_size=1024,num_hidden_layers=4")
-    cap.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
-    cap.add_argument("--tokens", type=int, default=128, help="prompt length of the prefill step")
-    cap.add_argument("--seed", type=int, default=0)
+    _add_model_source(cap, again=False)
     cap.add_argument("--threads", type=int, help="cpu threads (default: what torch uses)")
     cap.add_argument("-o", "--output", default="capture.json", help="the capture file to write")
     _add_plugin(cap)
@@ -95,6 +116,7 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
         "bench-model", help="patch a captured model with the winners and time it end to end"
     )
     bench.add_argument("--capture", required=True, help="a file written by `fusionlab capture`")
+    _add_model_source(bench, again=True)
     bench.add_argument("--storage", help="Optuna storage URL (default sqlite:///fusionlab.db)")
     bench.add_argument("--winners", help="a winners file (`fusionlab export OP --format json`)")
     bench.add_argument("--ops", help="comma-separated ops to patch (default: all captured)")

@@ -62,7 +62,7 @@ def test_unknown_model_and_bad_config_are_one_line(tmp_path: Path) -> None:
     assert "unknown model 'nope'" in _one_line_exit_2(
         run_cli("capture", "--model", "nope", cwd=tmp_path)
     )
-    assert "write NAME=INTEGER" in _one_line_exit_2(
+    assert "write NAME=VALUE" in _one_line_exit_2(
         run_cli("capture", "--model", "llama-tiny", "--config", "hidden_size", cwd=tmp_path)
     )
     assert not (tmp_path / "capture.json").exists()

@@ -301,3 +301,58 @@ def test_a_kernels_layer_repository_kernelizes_the_same_model(llama, tmp_path: P
             module.__dict__.pop("forward", None)
             module.__dict__.pop("_fusionlab_entry", None)
             module.__dict__.pop("_kernel_repo", None)
+
+
+def test_patch_without_a_capture_resolves_each_key_on_first_use(llama, tmp_path: Path) -> None:
+    model, _, url = llama
+    reference = _logits(model)
+    load_plugin(str(PLUGINS / "counting_rmsnorm.py"))
+    (CALLS,) = (m.CALLS for n, m in sys.modules.items() if n.startswith(COUNTING_MODULE))
+    handle = patch(model, winners=_winners(url, tmp_path, variant="counting"))
+    norms = sorted(p for p, m in model.named_modules() if type(m).__name__ == "LlamaRMSNorm")
+    assert sorted(m.path for m in handle.modules) == norms and handle.rows == []
+    before = CALLS[0]
+    for got, want in zip(_logits(model), reference, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert CALLS[0] - before == 3 * 3 + 6  # every norm call, and one check per key at first use
+    before = CALLS[0]
+    _logits(model)
+    assert CALLS[0] - before == 3 * 3  # resolved: every call goes to the winner, nothing else
+    assert sorted((r.path, r.key, r.variant) for r in handle.rows) == sorted(
+        (path, f"1x{rows}x64 float32", "counting") for path in norms for rows in (TOKENS, 1)
+    )
+    handle.undo()
+    assert not _patched_anywhere(model)
+
+    from_storage = patch(model, storage=url)
+    for got, want in zip(_logits(model), reference, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert len(from_storage.rows) == 6 and {r.match for r in from_storage.rows} == {"exact"}
+    from_storage.undo()
+    assert not _patched_anywhere(model)
+    with pytest.raises(UserError, match="Linear has no norm module fusionlab can replace"):
+        patch(torch.nn.Linear(4, 4), storage=url)
+
+
+def test_bench_model_on_a_python_capture(llama, tmp_path: Path, monkeypatch, capsys) -> None:
+    from fusionlab.cli import main
+
+    model, found, url = llama
+    monkeypatch.chdir(tmp_path)
+    found.save(tmp_path / "python.json")
+    assert main(["bench-model", "--capture", "python.json", "--storage", url]) == 2
+    assert "captured from Python and does not say how to make the model" in (
+        capsys.readouterr().err
+    )
+    config = ",".join(f"{name}={value}" for name, value in SMALL.items())
+    rebuilt = ["--model", "llama-tiny", "--config", config, "--tokens", str(TOKENS)]
+    named = capture(model, causal_lm_steps(model, TOKENS), repeats=3,
+                    recipe={"model": "llama-tiny", "config": SMALL, "tokens": [TOKENS]})
+    named.save(tmp_path / "named.json")
+    for argv in (["--capture", "python.json", *rebuilt], ["--capture", "named.json"]):
+        assert main(["bench-model", *argv, "--storage", url, "--runs", "2"]) == 0
+        out = capsys.readouterr().out
+        rows = [line.split() for line in out.splitlines() if line.startswith(("prefill",
+                                                                              "decode"))]
+        assert [row[0] for row in rows] == ["prefill", "decode"], out
+        assert all(row[-1] == "100.0%" for row in rows)  # argmax agreement with unpatched

@@ -80,7 +80,9 @@ class Capture:
     steps: list[StepTime]
     calls: list[NormCall]
     ops: list[str] = field(default_factory=op_names)
-    recipe: dict[str, Any] = field(default_factory=dict)  # how `--model` made the model, if it did
+    # how to make the model again (`bench-model` reads it): model (a preset, a folder or
+    # module:function), config, dtype, tokens (prompt lengths), seed, inputs (module:function)
+    recipe: dict[str, Any] = field(default_factory=dict)
 
     def of_op(self, op: str) -> list[NormCall]:
         return [call for call in self.calls if call.op == op]
@@ -133,10 +135,13 @@ class Capture:
             ) from None
 
 
-def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20) -> Capture:
+def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20,
+            recipe: dict[str, Any] | None = None) -> Capture:
     """Run the model once with hooks (recording every norm call), then time it without hooks and
     each norm call on its own. `inputs`: example inputs (a tensor, tuple or dict of keyword
-    arguments), or steps such as `causal_lm_steps(model, tokens)` (prefill and decode)."""
+    arguments), or steps such as `causal_lm_steps(model, tokens)` (prefill and decode).
+    `recipe`: how `bench-model` makes the model again, e.g. {"model": "mymodels:build",
+    "inputs": "mymodels:example"} (see Capture.recipe)."""
     steps = inputs if _are_steps(inputs) else module_steps(model, inputs)
     device = _device_of(model)
     recorder = _Recorder(model)
@@ -150,7 +155,8 @@ def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20)
         step_ms = 1e3 * _median_s(lambda step=step: _run(step), repeats)
         norm_us = sum(c.calls * c.call_us for c in calls if c.step == step.name)
         times.append(StepTime(step.name, step_ms, norm_us / 1e3))
-    return Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls)
+    return Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls,
+                   recipe=dict(recipe or {}))
 
 
 def _are_steps(inputs: Any) -> bool:

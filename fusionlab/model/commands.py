@@ -13,11 +13,15 @@ from tabulate import tabulate
 from fusionlab.errors import UserError
 from fusionlab.model.bench import benchmark, render
 from fusionlab.model.capture import Capture, capture
-from fusionlab.model.models import causal_lm_steps, parse_overrides, tiny_model
+from fusionlab.model.configs import split_items
+from fusionlab.model.memory import check_steps_fit
+from fusionlab.model.models import Step, causal_lm_steps_at, module_steps
 from fusionlab.model.patch import patch
+from fusionlab.model.sources import FactorySource, example_inputs, open_source
 from fusionlab.plan import check_thread_count, load_user_variants
 from fusionlab.registry import get_op
-from fusionlab.shapes import format_shape, parse_dtypes
+from fusionlab.report.export import check_writable
+from fusionlab.shapes import DTYPES, format_shape, parse_dtype
 
 
 def _say(text: str) -> None:
@@ -30,23 +34,82 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _model_from_recipe(recipe: dict[str, Any]) -> tuple[torch.nn.Module, list[Any]]:
-    (dtype,) = parse_dtypes(recipe["dtype"])
-    model = tiny_model(recipe["model"], getattr(torch, dtype), recipe["seed"], recipe["config"])
-    return model, causal_lm_steps(model, recipe["tokens"], recipe["seed"])
+def _tokens(text: str) -> list[int]:
+    """`--tokens 128` or `--tokens 16,128`: prompt lengths, each at least 1."""
+    try:
+        lengths = [int(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths:
+        raise UserError(f"--tokens {text!r}: write prompt lengths, e.g. 128 or 16,128")
+    if min(lengths) < 1:
+        raise UserError(f"--tokens must be at least 1 (got {min(lengths)})")
+    return list(dict.fromkeys(lengths))
+
+
+def _recipe(args: argparse.Namespace, stored: dict[str, Any]) -> dict[str, Any]:
+    """How to make the model: each setting from the command line, else from the capture's recipe
+    (bench-model), else its default."""
+    spec = args.model or stored.get("model")
+    if not spec:
+        raise UserError(
+            f"{args.capture} was captured from Python and does not say how to make the model: "
+            "give --model (a preset, a folder or module:function), with the --config, --tokens "
+            "or --inputs it was captured with"
+        )
+    source = open_source(spec)
+    stored_tokens = stored.get("tokens", 128)
+    dtype = args.dtype or stored.get("dtype")
+    if dtype is None and not isinstance(source, FactorySource):
+        dtype = "float32"
+    return {
+        "model": source.spec,
+        "config": source.typed(split_items(args.config)) if args.config is not None
+        else dict(stored.get("config") or {}),
+        "dtype": None if dtype is None else parse_dtype(dtype),
+        "tokens": _tokens(args.tokens) if args.tokens is not None
+        else ([stored_tokens] if isinstance(stored_tokens, int) else list(stored_tokens)),
+        "seed": args.seed if args.seed is not None else int(stored.get("seed", 0)),
+        "inputs": args.inputs or stored.get("inputs"),
+    }
+
+
+def _model_from_recipe(recipe: dict[str, Any]) -> tuple[torch.nn.Module, list[Step]]:
+    """The model a recipe describes and the steps to capture or time it at."""
+    dtype = None if recipe["dtype"] is None else DTYPES[recipe["dtype"]]
+    model = open_source(recipe["model"]).build(recipe["config"], dtype, recipe["seed"])
+    if recipe.get("inputs"):
+        return model, module_steps(model, example_inputs(recipe["inputs"], model))
+    config = getattr(model, "config", None)
+    if not isinstance(getattr(config, "vocab_size", None), int):
+        raise UserError(
+            f"--model {recipe['model']} made a {type(model).__name__}, not a transformers causal "
+            "LM: give --inputs module:function for its example inputs"
+        )
+    parameter = next(model.parameters(), None)
+    check_steps_fit(config, recipe["tokens"], parameter.dtype if parameter is not None
+                    else torch.float32)
+    try:
+        return model, causal_lm_steps_at(model, recipe["tokens"], recipe["seed"])
+    except Exception as error:  # the model's own code may raise anything
+        text = " ".join(str(error).split())[:200]
+        raise UserError(
+            f"the model's first prefill failed ({type(error).__name__}: {text}): give "
+            "--inputs module:function if it is not a causal LM taking token ids"
+        ) from None
 
 
 def capture_command(args: argparse.Namespace) -> int:
     load_user_variants(args.plugin)
     _set_threads(args.threads)
-    if args.tokens < 1:
-        raise UserError(f"--tokens must be at least 1 (got {args.tokens})")
-    recipe = {"model": args.model, "config": parse_overrides(args.config), "dtype": args.dtype,
-              "tokens": args.tokens, "seed": args.seed}
+    check_writable(args.output)
+    recipe = _recipe(args, {})
     model, steps = _model_from_recipe(recipe)
-    found = capture(model, steps, name=args.model)
-    found.recipe = recipe
-    found.save(args.output)
+    found = capture(model, steps, name=args.model, recipe=recipe)
+    try:
+        found.save(args.output)
+    except OSError as error:
+        raise UserError(f"cannot write {args.output!r}: {error.strerror or error}") from None
     for step in found.steps:
         _say(f"{step.name}: {step.step_ms:.3f} ms per step, norms {step.norm_ms:.4f} ms "
              f"({100 * step.share:.1f}%)")
@@ -76,15 +139,11 @@ def capture_shapes(op: str, path: str) -> tuple[str, str, int]:
 def bench_model_command(args: argparse.Namespace) -> int:
     load_user_variants(args.plugin)
     found = Capture.load(args.capture)
-    if not found.recipe:
-        raise UserError(
-            f"{args.capture} was captured from Python: benchmark it with "
-            "fusionlab.patch(model, capture, ...).benchmark(steps)"
-        )
+    recipe = _recipe(args, found.recipe)
     _set_threads(args.threads if args.threads is not None else found.threads)
     if args.runs < 2:
         raise UserError(f"--runs must be at least 2 (got {args.runs})")
-    model, steps = _model_from_recipe(found.recipe)
+    model, steps = _model_from_recipe(recipe)
     ops = args.ops.split(",") if args.ops else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,54 +13,86 @@ import torch
 from torch import nn
 
 from fusionlab.errors import UserError
+from fusionlab.model.configs import check_known, config_fields
 
-# name -> (transformers config class, model class, config kwargs); small enough for CI.
-_TINY: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "llama-tiny": ("LlamaConfig", "LlamaForCausalLM", {
+# name -> (transformers config class, config kwargs); small enough for CI.
+_TINY: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-tiny": ("LlamaConfig", {
         "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
     }),
-    "gemma-tiny": ("GemmaConfig", "GemmaForCausalLM", {
+    "gemma-tiny": ("GemmaConfig", {
         "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 256,
     }),
-    "gpt2-tiny": ("GPT2Config", "GPT2LMHeadModel", {
+    "gpt2-tiny": ("GPT2Config", {
         "n_embd": 128, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": 512,
     }),
 }
 MODEL_NAMES = tuple(_TINY)
 
 
-def parse_overrides(text: str | None) -> dict[str, int]:
-    """`hidden_size=1024,num_hidden_layers=4` -> config overrides (integers)."""
-    overrides: dict[str, int] = {}
-    for item in filter(None, (text or "").split(",")):
-        name, _, value = item.partition("=")
-        try:
-            overrides[name.strip()] = int(value)
-        except ValueError:
-            raise UserError(
-                f"--config {item!r}: write NAME=INTEGER, e.g. hidden_size=1024"
-            ) from None
-    return overrides
-
-
-def tiny_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0,
-               overrides: dict[str, int] | None = None) -> nn.Module:
-    """A named small transformers model with random weights, in eval mode."""
+def tiny_config_class(name: str) -> type:
+    """The transformers config class of a named small model."""
     if name not in _TINY:
         raise UserError(f"unknown model {name!r}: choose from {', '.join(MODEL_NAMES)}")
     import transformers
 
-    config_name, model_name, kwargs = _TINY[name]
+    return getattr(transformers, _TINY[name][0])
+
+
+def tiny_config(name: str, overrides: dict[str, Any] | None = None) -> Any:
+    """A named small model's config with overrides; a name the config does not have is refused."""
+    config_class = tiny_config_class(name)
+    check_known(overrides or {}, config_fields(config_class), config_class.__name__)
     try:
-        config = getattr(transformers, config_name)(**{**kwargs, **(overrides or {})})
-    except (TypeError, ValueError) as error:
-        raise UserError(f"model {name}: bad --config ({error})") from None
+        with quiet_transformers():
+            return config_class(**{**_TINY[name][1], **(overrides or {})})
+    except Exception as error:  # transformers validates the config's fields and architecture
+        text = " ".join(str(error).split())[:300]
+        raise UserError(f"model {name}: bad --config ({text})") from None
+
+
+def tiny_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0,
+               overrides: dict[str, Any] | None = None) -> nn.Module:
+    """A named small transformers model with random weights, in eval mode."""
+    return random_causal_lm(tiny_config(name, overrides), dtype, seed)
+
+
+def random_causal_lm(config: Any, dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
+    """The causal LM a transformers config describes, random weights (norm weights too)."""
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(config).to(dtype).eval()
+    try:
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as error:  # a config without a causal LM, or sizes no model can have
+        text = " ".join(str(error).split())[:300]
+        raise UserError(
+            f"no causal LM can be made from this {type(config).__name__} ({type(error).__name__}:"
+            f" {text}): fix --config, or give module:function for other models"
+        ) from None
+    model = model.to(dtype).eval()
     _randomise_norm_weights(model, seed)
     return model
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own notices (token ids beyond a tiny vocabulary...) and progress bars kept
+    off stderr."""
+    from transformers.utils import logging
+
+    level, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def _randomise_norm_weights(model: nn.Module, seed: int) -> None:
@@ -104,6 +137,14 @@ def causal_lm_steps(model: nn.Module, tokens: int, seed: int = 0) -> list[Step]:
         return logits
 
     return [Step("prefill", prefill), Step("decode", decode)]
+
+
+def causal_lm_steps_at(model: nn.Module, lengths: list[int], seed: int = 0) -> list[Step]:
+    """Prefill and decode at each prompt length; with several, each step is named `prefill@N`."""
+    if len(lengths) == 1:
+        return causal_lm_steps(model, lengths[0], seed)
+    return [Step(f"{step.name}@{n}", step.run) for n in lengths
+            for step in causal_lm_steps(model, n, seed)]
 
 
 def module_steps(model: nn.Module, example_inputs: Any) -> list[Step]:

@@ -16,11 +16,12 @@ from torch import nn
 
 from fusionlab.errors import UserError
 from fusionlab.model.capture import Capture, NormCall
+from fusionlab.model.norms import inspect_norm, norm_op
 from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.registry import Kernel, Variant, get_op, get_variant, variants_of
 from fusionlab.runtime import Choice, Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
-from fusionlab.shapes import DTYPES, format_shape
+from fusionlab.shapes import DTYPES, dtype_name, format_shape
 
 MODES = ("inference", "training")
 _FUSION_NOTE = (
@@ -157,7 +158,7 @@ def _resolve_late(entry: PatchedModule, x: torch.Tensor) -> Callable[..., object
 
 def patch(
     model: nn.Module,
-    capture: Capture | str,
+    capture: Capture | str | None = None,
     *,
     storage: str | None = None,
     winners: str | dict[str, str] | None = None,
@@ -169,9 +170,12 @@ def patch(
 
     `winners`: a winners file (`fusionlab export OP --format json`), or {op: file}; else
     `storage`. A key whose winner is missing, disagrees with the module or lacks its numerics
-    keeps the module's own forward (a warning says why)."""
+    keeps the module's own forward (a warning says why). Without a capture, every norm module
+    capture would find is patched and each key is resolved on its first call."""
     if mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if capture is None:
+        return _patch_found_norms(model, storage, winners, ops, mode, rank_by)
     if isinstance(capture, str):
         capture = Capture.load(capture)
     calls = [c for c in capture.calls if c.source == "module" and (ops is None or c.op in ops)]
@@ -202,6 +206,55 @@ def patch(
     fused = [f"{len(layers)} decoder layer(s) ({layers[0]}, ...): {_FUSION_NOTE}"] if layers else []
     return PatchHandle(model, list(modules.values()), rows, fused, capture,
                        {"storage": storage, "winners": winners, "rank_by": rank_by})
+
+
+def _patch_found_norms(model: nn.Module, storage: str | None,
+                       winners: str | dict[str, str] | None, ops: list[str] | None, mode: str,
+                       rank_by: str) -> PatchHandle:
+    """Patch without a capture: the norm modules found as capture finds them, their numerics
+    probed on a random input in the weight's dtype, every key resolved on first use (and added to
+    the report then)."""
+    found = [(path, module, op) for path, module in model.named_modules()
+             if (op := norm_op(module)) is not None and (ops is None or op in ops)]
+    if not found:
+        asked = f" for {', '.join(ops)}" if ops else ""
+        raise UserError(f"{type(model).__name__} has no norm module fusionlab can replace{asked}")
+    dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for _, _, op in found}
+    rows: list[PatchRow] = []
+    modules = []
+    for path, module, op in found:
+        entry = PatchedModule(path, module, _probed_call(path, module, op))
+        resolve = resolver(entry, dispatchers[op], mode)
+        entry.resolver = _reporting(resolve, rows)
+        modules.append(entry)
+    device = modules[0].module.weight.device.type
+    empty = Capture(type(model).__name__, device, torch.get_num_threads(), [], [])
+    return PatchHandle(model, modules, rows, [], empty,
+                       {"storage": storage, "winners": winners, "rank_by": rank_by})
+
+
+def _probed_call(path: str, module: nn.Module, op: str) -> NormCall:
+    """The module's eps and numerics, probed on a random input in its weight's dtype."""
+    weight = module.weight
+    generator = torch.Generator().manual_seed(0)
+    sample = torch.randn((2, weight.shape[0]), generator=generator)
+    sample = sample.to(dtype=weight.dtype, device=weight.device)
+    info = inspect_norm(module, sample)
+    return NormCall(path, type(module).__name__, "module", op, "", tuple(sample.shape),
+                    dtype_name(weight.dtype), weight.device.type, info.eps, info.casting,
+                    info.offset, 0)
+
+
+def _reporting(resolve: Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]],
+               rows: list[PatchRow]) -> Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]]:
+    """The resolver, adding each key it resolves to the handle's report."""
+
+    def resolve_and_report(x: torch.Tensor) -> tuple[Kernel | None, PatchRow]:
+        kernel, row = resolve(x)
+        rows.append(row)
+        return kernel, row
+
+    return resolve_and_report
 
 
 def _dispatcher(op: str, storage: str | None, winners: str | dict[str, str] | None,
