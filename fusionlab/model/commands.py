@@ -55,6 +55,8 @@ def capture_command(args: argparse.Namespace) -> int:
              f"{c.call_us:.1f}") for c in found.calls]
     print(tabulate(rows, headers=["step", "module", "class", "op", "key", "calls", "casting",
                                   "offset", "us/call"], tablefmt="simple"))
+    for line in found.skip_lines():
+        _say(line)
     ops = sorted({c.op for c in found.calls})
     _say(f"wrote {args.output} ({len(found.calls)} keys); next: "
          + "; ".join(f"fusionlab sweep {op} --from-capture {args.output}" for op in ops))
