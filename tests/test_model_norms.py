@@ -1,6 +1,7 @@
 """No silent skip: every module that looks like a norm is replaced or listed with why. Cohere's
 LayerNorm without bias, nn.LayerNorm(bias=False), norm-like modules fusionlab cannot replace, and
-the `kernels` layer repository route on Gemma and GPT-2: tiny real models, real sweeps."""
+the `kernels` layer repository route on Gemma and GPT-2; then bench-model's prediction from the
+norms' own calls and its plausibility marks: tiny real models, real sweeps."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
+from fusionlab.model.bench import StepResult, benchmark, render
 
 HIDDEN = 64
 TOKENS = 8
@@ -219,3 +221,50 @@ def test_the_kernels_route_names_the_modules_it_cannot_reach(url: str, tmp_path:
         for module in (model.norm, model.unused):
             for attribute in ("forward", "_fusionlab_entry", "_kernel_repo"):
                 module.__dict__.pop(attribute, None)
+
+
+def test_the_prediction_comes_from_the_norms_calls_timed_in_this_run(url: str) -> None:
+    model = tiny_model("llama-tiny", overrides=SMALL)
+    steps = causal_lm_steps(model, TOKENS)
+    found = capture(model, steps, repeats=2)
+    handle = patch(model, found, storage=url)
+    results = benchmark(handle, steps, runs=3)
+    assert [r.step for r in results] == ["prefill", "decode"]
+    for result in results:
+        captured = [c for c in found.calls if c.step == result.step]
+        (group,) = result.calls  # three LlamaRMSNorm modules, one key, one variant: timed once
+        assert group.calls == sum(c.calls for c in captured) == 3
+        assert group.own_us > 0 and group.patched_us > 0
+        assert result.norm_ms == pytest.approx(3 * group.own_us / 1e3)
+        assert result.predicted_saving_ms == pytest.approx(3 * group.saving_us / 1e3)
+        assert result.norm_share == pytest.approx(result.norm_ms / result.unpatched_ms)
+        assert result.argmax_agreement == 1.0
+    assert "of 2 rows: predicted gain inside the measured 95% interval" in render(results, handle)
+    assert _patched_anywhere(model)
+    handle.undo()
+
+
+def _patched_anywhere(model: nn.Module) -> bool:
+    return any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_implausible_figures_are_marked_not_printed_plain(url: str) -> None:
+    model = _randomise(_BiasFree())
+    handle = patch(model, capture(model, torch.arange(TOKENS).unsqueeze(0), repeats=2),
+                   storage=url)
+    handle.undo()
+    plausible = StepResult("prefill", 2.0, 1.9, 1.05, 1.01, 1.09, 0.08, 0.2, 0.0, 1.0, 20)
+    share = StepResult("decode", 1.0, 0.99, 1.01, 0.98, 1.04, 0.01, 10.073, 0.0, 1.0, 20)
+    ratio = StepResult("prefill", 41.5, 0.02, 2075.29, 1900.0, 2200.0, 0.03, 0.4, 0.0, 1.0, 20)
+    saving = StepResult("decode", 1.0, 0.5, 2.0, 1.8, 2.2, 0.01, 0.17, 0.0, 1.0, 20)
+    assert plausible.problems() == {}
+    text = render([plausible, share, ratio, saving], handle)
+    lines = text.splitlines()
+    assert "[disturbed]" not in lines[2]  # the plausible row, below the header and its rule
+    assert "1007.3% [disturbed]" in lines[3]
+    assert "2075.290x [1900.000, 2200.000] [disturbed]" in lines[4]
+    assert "2.000x [1.800, 2.200] [disturbed]" in lines[5]
+    assert "disturbed: decode: norms' share 1007.3% is above 100% of the step" in text
+    assert "disturbed: prefill: measured gain 2075x is beyond 100x" in text
+    assert "measured saving (at least) 0.4444 ms is more than the norms' whole time" in text
+    assert "run again on a quiet machine" in text
