@@ -240,9 +240,10 @@ class _Recorder(TorchFunctionMode):
     def hooks(self) -> Iterator[None]:
         handles = []
         for path, module in self.model.named_modules():
-            is_norm = norm_op(module) is not None
-            handles.append(module.register_forward_pre_hook(self._enter(path, module, is_norm)))
-            handles.append(module.register_forward_hook(self._leave(is_norm), always_call=True))
+            op = norm_op(module)
+            handles.append(module.register_forward_pre_hook(self._enter(path, module, op)))
+            handles.append(module.register_forward_hook(self._leave(op is not None),
+                                                        always_call=True))
         try:
             with self:
                 yield
@@ -250,15 +251,15 @@ class _Recorder(TorchFunctionMode):
             for handle in handles:
                 handle.remove()
 
-    def _enter(self, path: str, module: nn.Module, is_norm: bool) -> Callable[..., None]:
+    def _enter(self, path: str, module: nn.Module, op: str | None) -> Callable[..., None]:
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             self._stack.append(path)
-            if is_norm:
+            if op is not None:
                 self._inside_norm += 1
                 x = args[0] if args else None
                 if isinstance(x, torch.Tensor):
                     sample = x.detach().clone()
-                    self._note(path, module, "module", norm_op(module) or "", sample,
+                    self._note(path, module, "module", op, sample,
                                lambda: module(sample), None)
 
         return hook

@@ -15,6 +15,7 @@ from fusionlab.model.bench import benchmark, render
 from fusionlab.model.capture import Capture, capture
 from fusionlab.model.models import causal_lm_steps, parse_overrides, tiny_model
 from fusionlab.model.patch import patch
+from fusionlab.model.plausible import marked, share_problem
 from fusionlab.plan import load_user_variants
 from fusionlab.registry import get_op
 from fusionlab.shapes import format_shape, parse_dtypes
@@ -49,8 +50,8 @@ def capture_command(args: argparse.Namespace) -> int:
     found.recipe = recipe
     found.save(args.output)
     for step in found.steps:
-        _say(f"{step.name}: {step.step_ms:.3f} ms per step, norms {step.norm_ms:.4f} ms "
-             f"({100 * step.share:.1f}%)")
+        share = marked(f"{100 * step.share:.1f}%", share_problem(step.share))
+        _say(f"{step.name}: {step.step_ms:.3f} ms per step, norms {step.norm_ms:.4f} ms ({share})")
     rows = [(c.step, c.path, c.module_class, c.op, c.key, c.calls, c.casting, f"{c.offset:g}",
              f"{c.call_us:.1f}") for c in found.calls]
     print(tabulate(rows, headers=["step", "module", "class", "op", "key", "calls", "casting",
