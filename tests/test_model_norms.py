@@ -15,6 +15,7 @@ from torch import nn
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
 from fusionlab.model.bench import StepResult, benchmark, render
+from fusionlab.model.predict import CallTiming
 
 HIDDEN = 64
 TOKENS = 8
@@ -257,13 +258,18 @@ def test_implausible_figures_are_marked_not_printed_plain(url: str) -> None:
     share = StepResult("decode", 1.0, 0.99, 1.01, 0.98, 1.04, 0.01, 10.073, 0.0, 1.0, 20)
     ratio = StepResult("prefill", 41.5, 0.02, 2075.29, 1900.0, 2200.0, 0.03, 0.4, 0.0, 1.0, 20)
     saving = StepResult("decode", 1.0, 0.5, 2.0, 1.8, 2.2, 0.01, 0.17, 0.0, 1.0, 20)
+    absurd_call = CallTiming("LlamaRMSNorm", "1x32x1024 float32", "cpp", 9, 4716.0, 10.0, 4706.0)
+    calls = StepResult("prefill", 2000.0, 1900.0, 1.05, 0.9, 1.2, 42.4, 42.4, 0.0, 1.0, 20,
+                       (absurd_call,))
     assert plausible.problems() == {}
-    text = render([plausible, share, ratio, saving], handle)
+    text = render([plausible, share, ratio, saving, calls], handle)
     lines = text.splitlines()
     assert "[disturbed]" not in lines[2]  # the plausible row, below the header and its rule
     assert "1007.3% [disturbed]" in lines[3]
     assert "2075.290x [1900.000, 2200.000] [disturbed]" in lines[4]
     assert "2.000x [1.800, 2.200] [disturbed]" in lines[5]
+    assert "42.4000 ms -> 1.0217x [disturbed]" in lines[6]
+    assert "LlamaRMSNorm at 1x32x1024 float32: own/patched 471.6x is beyond 100x" in text
     assert "disturbed: decode: norms' share 1007.3% is above 100% of the step" in text
     assert "disturbed: prefill: measured gain 2075x is beyond 100x" in text
     assert "measured saving (at least) 0.4444 ms is more than the norms' whole time" in text

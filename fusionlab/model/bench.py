@@ -60,12 +60,12 @@ class StepResult:
         found = {
             "share": share_problem(self.norm_share),
             "predicted": ratio_problem(self.predicted_gain, "predicted gain")
-            or saving_problem(self.predicted_saving_ms, self.norm_ms, "predicted saving"),
+            or saving_problem(self.predicted_saving_ms, self.norm_ms, "predicted saving")
+            or next((problem for c in self.calls if (problem := ratio_problem(
+                c.own_us / max(c.patched_us, 1e-9), f"{c.module_class} at {c.key}: own/patched"
+            ))), ""),  # the prediction is built from these call timings
             "gain": ratio_problem(self.gain, "measured gain")
             or saving_problem(least_saving, self.norm_ms, "measured saving (at least)"),
-            "calls": next((problem for c in self.calls if (problem := ratio_problem(
-                c.own_us / max(c.patched_us, 1e-9), f"{c.module_class} at {c.key}: own/patched"
-            ))), ""),
         }
         return {figure: problem for figure, problem in found.items() if problem}
 
