@@ -1,10 +1,13 @@
-"""What the winners are worth inside a model: a random transformers Llama made from its config is
-captured, its norm shapes swept, patched, and timed patched and unpatched alternately at prefill and
-decode, fp32 and bf16; predicted (from the sweep) and measured end-to-end gains side by side. Then
-the patched path's own cost per call at decode size: the patched module against the chosen kernel
-called directly (target: within 1 us), the Dispatcher, and the model's own module.
+"""What the winners are worth inside a model, and whether the prediction holds: a random
+transformers Llama made from its config is captured at each prompt length, its norm shapes swept,
+patched, and timed patched and unpatched alternately at prefill and decode, fp32 and bf16; the
+gain predicted from the norms' own calls (timed call level in the same run) beside the measured
+gain and its 95% interval, and how many rows have the prediction inside the interval (target:
+at least 90% on a quiet machine). Then the patched path's own cost per call at decode size: the
+patched module against the chosen kernel called directly (target: within 1 us), the Dispatcher,
+and the model's own module.
 
-    python benchmarks/model_e2e.py [--hidden 1024] [--layers 4] [--tokens 128] [--runs 30]
+    python benchmarks/model_e2e.py [--hidden 1024] [--layers 4] [--tokens 32,128] [--runs 20]
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from tabulate import tabulate
 
 from fusionlab import Dispatcher, capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
-from fusionlab.model.bench import benchmark, render
+from fusionlab.model.bench import StepResult, benchmark, render
 from fusionlab.model.patch import PatchHandle
 from fusionlab.shapes import format_shape
 
@@ -78,41 +81,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--tokens", default="32,128", help="prompt lengths, comma-separated")
+    parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--variants", default="builtin,naive,cpp")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
+    lengths = [int(t) for t in args.tokens.split(",")]
     config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
               "num_hidden_layers": args.layers, "num_attention_heads": 8,
               "num_key_value_heads": 4}
-    print(f"Llama hidden {args.hidden}, {args.layers} layers, {args.tokens}-token prefill and one "
-          f"decode step, {torch.get_num_threads()} thread(s)")
+    print(f"Llama hidden {args.hidden}, {args.layers} layers, prefill of {args.tokens} tokens and "
+          f"one decode step each, {args.runs} runs, {torch.get_num_threads()} thread(s)")
     storage = tempfile.mkdtemp(prefix="fusionlab-e2e-")
+    rows: list[StepResult] = []
     for dtype in ("float32", "bfloat16"):
         model = tiny_model("llama-tiny", getattr(torch, dtype), overrides=config)
-        steps = causal_lm_steps(model, args.tokens)
-        found = capture(model, steps)
+        captures = {tokens: capture(model, causal_lm_steps(model, tokens)) for tokens in lengths}
         url = f"sqlite:///{Path(storage) / f'{dtype}.db'}"
-        shapes = ",".join(sorted({format_shape(c.shape) for c in found.of_op("rmsnorm")}))
+        shapes = ",".join(sorted({format_shape(c.shape) for found in captures.values()
+                                  for c in found.of_op("rmsnorm")}))
         sweep("rmsnorm", shapes, dtype, storage=url, quick=True, variants=args.variants)
-        print(f"\n== {dtype}")
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                handle = patch(model, found, storage=url)
-        except UserError as error:
-            print(f"not patched: {error}")
-            continue
-        chosen = sorted({(r.key, r.variant, r.match) for r in handle.rows})
-        print("chosen: " + "; ".join(f"{key}: {name} ({match})" for key, name, match in chosen))
-        print(render(benchmark(handle, steps, args.runs), handle))
-        if dtype == "float32":
-            print(f"\nper call at decode size (1x1x{args.hidden}), us:")
-            print(tabulate(overhead(model, handle, url),
-                           headers=["path", "us/call", "vs kernel", "vs the floor"],
-                           tablefmt="simple", disable_numparse=True))
-        handle.undo()
+        for tokens, found in captures.items():
+            print(f"\n== {dtype}, {tokens}-token prompt")
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    handle = patch(model, found, storage=url)
+            except UserError as error:
+                print(f"not patched: {error}")
+                continue
+            chosen = sorted({(r.key, r.variant, r.match) for r in handle.rows})
+            print("chosen: " + "; ".join(f"{key}: {name} ({match})" for key, name, match in chosen))
+            results = benchmark(handle, causal_lm_steps(model, tokens), args.runs)
+            rows += results
+            print(render(results, handle))
+            if dtype == "float32" and tokens == lengths[-1]:
+                print(f"\nper call at decode size (1x1x{args.hidden}), us:")
+                print(tabulate(overhead(model, handle, url),
+                               headers=["path", "us/call", "vs kernel", "vs the floor"],
+                               tablefmt="simple", disable_numparse=True))
+            handle.undo()
+    inside = sum(r.predicted_inside for r in rows)
+    disturbed = sum(bool(r.problems()) for r in rows)
+    share = 100 * inside / len(rows) if rows else 0.0
+    print(f"\nall rows: predicted inside the measured 95% interval in {inside} of {len(rows)} "
+          f"({share:.0f}%; target >= 90% on a quiet machine); {disturbed} row(s) marked disturbed")
 
 
 if __name__ == "__main__":

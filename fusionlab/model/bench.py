@@ -1,31 +1,26 @@
 """Prove a patch end to end: time the model patched and unpatched alternately, check the logits,
-and set the gain the sweep predicted (calls x time saved) beside the measured one (Amdahl)."""
+and set the gain predicted from the norms' own calls (timed call level in this run, see
+fusionlab.model.predict) beside the measured one; every figure is checked for plausibility."""
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from tabulate import tabulate
 
 from fusionlab.model.models import Step
-from fusionlab.report.tables import best_rows
-from fusionlab.results import WinnerRow, WinnersFile
-from fusionlab.search.results_store import load_cells
-from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
-from fusionlab.shapes import format_shape
+from fusionlab.model.plausible import marked, ratio_problem, saving_problem, share_problem
+from fusionlab.model.predict import CallTiming, time_calls
 
 if TYPE_CHECKING:
     from fusionlab.model.patch import PatchHandle
 
 _RESAMPLES = 2000
-_TORCH_MODULES = ("LayerNorm", "RMSNorm")  # torch's own modules run the built-in lowering
 
 
 @dataclass(frozen=True)
@@ -38,23 +33,49 @@ class StepResult:
     gain: float  # unpatched / patched medians
     low: float
     high: float
-    predicted_saving_ms: float | None  # calls x time saved per call, from the sweep
-    norm_share: float  # the captured norms' share of the unpatched step
+    predicted_saving_ms: float  # sum over the step's norm calls of (own - patched), this run
+    norm_ms: float  # the step's norm calls at their own forward's call-level time, this run
     max_diff: float
     argmax_agreement: float
     runs: int
+    calls: tuple[CallTiming, ...] = ()
 
     @property
-    def predicted_gain(self) -> float | None:
-        if self.predicted_saving_ms is None:
-            return None
+    def norm_share(self) -> float:
+        """The norms' share of the unpatched step, as measured in this run."""
+        return self.norm_ms / self.unpatched_ms if self.unpatched_ms > 0 else 0.0
+
+    @property
+    def predicted_gain(self) -> float:
         return self.unpatched_ms / max(self.unpatched_ms - self.predicted_saving_ms, 1e-9)
+
+    @property
+    def predicted_inside(self) -> bool:
+        """Whether the predicted gain lies within the measured 95% interval."""
+        return self.low <= self.predicted_gain <= self.high
+
+    def problems(self) -> dict[str, str]:
+        """Figure -> why it cannot be true, for each implausible figure of the row."""
+        least_saving = self.unpatched_ms * (1 - 1 / self.low) if self.low > 0 else 0.0
+        found = {
+            "share": share_problem(self.norm_share),
+            "predicted": ratio_problem(self.predicted_gain, "predicted gain")
+            or saving_problem(self.predicted_saving_ms, self.norm_ms, "predicted saving")
+            or next((problem for c in self.calls if (problem := ratio_problem(
+                c.own_us / max(c.patched_us, 1e-9), f"{c.module_class} at {c.key}: own/patched"
+            ))), ""),  # the prediction is built from these call timings
+            "gain": ratio_problem(self.gain, "measured gain")
+            or saving_problem(least_saving, self.norm_ms, "measured saving (at least)"),
+        }
+        return {figure: problem for figure, problem in found.items() if problem}
 
 
 def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[StepResult]:
-    """Alternate unpatched and patched runs of every step (same threads, same inputs)."""
+    """Per step: the norms' calls timed both ways (the prediction), then alternating unpatched
+    and patched runs of the whole step (same threads, same inputs)."""
     results = []
     for step in steps:
+        calls = tuple(time_calls(handle, step.name))
         with torch.no_grad():
             handle.undo()
             reference = step.run().float()
@@ -69,13 +90,12 @@ def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[St
                 handle.redo()
                 patched_s.append(_time(step))
         gain, low, high = paired_ratio(unpatched_s, patched_s)
-        capture_step = next((s for s in handle.capture.steps if s.name == step.name), None)
         results.append(StepResult(
             step.name, 1e3 * statistics.median(unpatched_s), 1e3 * statistics.median(patched_s),
-            gain, low, high, predicted_saving_ms(handle, step.name),
-            capture_step.share if capture_step else 0.0,
+            gain, low, high, sum(c.calls * c.saving_us for c in calls) / 1e3,
+            sum(c.calls * c.own_us for c in calls) / 1e3,
             (patched - reference).abs().max().item(),
-            (patched.argmax(-1) == reference.argmax(-1)).float().mean().item(), runs,
+            (patched.argmax(-1) == reference.argmax(-1)).float().mean().item(), runs, calls,
         ))
     return results
 
@@ -104,66 +124,38 @@ def paired_ratio(before: list[float], after: list[float], seed: int = 0) -> tupl
     return point, ratios[int(0.025 * _RESAMPLES)], ratios[int(0.975 * _RESAMPLES) - 1]
 
 
-def predicted_saving_ms(handle: PatchHandle, step: str) -> float | None:
-    """Sum over the step's patched calls of calls x (what the module's lowering took in the sweep
-    - what the winner took): the naive chain for model classes, the built-in for torch's own."""
-    rows = _sweep_rows(handle)
-    patched = {(r.path, r.key) for r in handle.rows if r.match != "fallback"}
-    total, known = 0.0, False
-    for call in handle.capture.calls:
-        if call.step != step or (call.path, call.key) not in patched:
-            continue
-        row = rows.get((call.op, format_shape(call.shape), call.dtype))
-        if row is None or row.median_ms is None:
-            continue
-        versus = "builtin" if call.module_class in _TORCH_MODULES else "baseline"
-        speedup = getattr(row, f"speedup_vs_{versus}")
-        if speedup:
-            total += call.calls * row.median_ms * (speedup - 1.0)
-            known = True
-    return total if known else None
-
-
-def _sweep_rows(handle: PatchHandle) -> dict[tuple[str, str, str], WinnerRow]:
-    """The sweep's table rows for this machine and thread count, by (op, shape, dtype)."""
-    source = handle.winners_source
-    ops = {m.op for m in handle.modules}
-    rows: list[tuple[str, WinnerRow]] = []
-    for op in ops:
-        winners = source["winners"]
-        if isinstance(winners, dict):
-            winners = winners.get(op)
-        if winners is not None:
-            data = json.loads(Path(winners).read_text(encoding="utf-8"))
-            rows += [(op, row) for row in WinnersFile.from_dict(data).rows]
-        else:
-            cells = load_cells(open_storage(source["storage"] or DEFAULT_STORAGE), op)
-            rows += [(op, row) for row in best_rows(cells, source["rank_by"], None)]
-    threads = torch.get_num_threads()
-    return {
-        (op, row.shape, row.dtype): row for op, row in rows if row.threads in (0, threads)
-    }
-
-
 def render(results: list[StepResult], handle: PatchHandle) -> str:
-    """The side-by-side table a user reads before and after patching."""
-    table = []
+    """The side-by-side table a user reads before and after patching; an implausible figure is
+    marked and explained below the table."""
+    table, notes = [], []
+    functions = sum(1 for call in handle.capture.calls if call.source == "function")
+    if functions:
+        notes.append(f"{functions} norm key(s) called as functions, not modules, are in neither "
+                     "the share nor the prediction")
     for r in results:
-        predicted = "-" if r.predicted_gain is None else (
-            f"{r.predicted_saving_ms:.4f} ms -> {r.predicted_gain:.4f}x"
-        )
+        problems = r.problems()
+        notes += [f"disturbed: {r.step}: {problem}" for problem in problems.values()]
         table.append([
-            r.step, f"{100 * r.norm_share:.1f}%", predicted, f"{r.unpatched_ms:.3f}",
-            f"{r.patched_ms:.3f}", f"{r.gain:.3f}x [{r.low:.3f}, {r.high:.3f}]",
-            f"{r.max_diff:.3g}", f"{100 * r.argmax_agreement:.1f}%",
+            r.step, marked(f"{100 * r.norm_share:.1f}%", problems.get("share", "")),
+            marked(f"{r.predicted_saving_ms:.4f} ms -> {r.predicted_gain:.4f}x",
+                   problems.get("predicted", "")),
+            f"{r.unpatched_ms:.3f}", f"{r.patched_ms:.3f}",
+            marked(f"{r.gain:.3f}x [{r.low:.3f}, {r.high:.3f}]", problems.get("gain", "")),
+            "yes" if r.predicted_inside else "no", f"{r.max_diff:.3g}",
+            f"{100 * r.argmax_agreement:.1f}%",
         ])
     header = ["step", "norm share", "predicted (saved -> gain)", "unpatched ms", "patched ms",
-              "measured gain [95% CI]", "max |dlogits|", "argmax agree"]
+              "measured gain [95% CI]", "inside", "max |dlogits|", "argmax agree"]
     runs = results[0].runs if results else 0
-    return (
-        tabulate(table, headers=header, tablefmt="simple", disable_numparse=True)
-        + f"\n{runs} alternating runs per step at {torch.get_num_threads()} thread(s); predicted ="
-        " sum of calls x (the module's lowering - the winner) from the sweep; gain = unpatched /"
-        " patched median, 95% bootstrap interval over the pairs"
-    )
-
+    inside = sum(r.predicted_inside for r in results)
+    if any(note.startswith("disturbed") for note in notes):
+        notes.append("other processes disturbed these timings: run again on a quiet machine")
+    return "\n".join([
+        tabulate(table, headers=header, tablefmt="simple", disable_numparse=True),
+        f"{runs} alternating runs per step at {torch.get_num_threads()} thread(s); predicted = "
+        "sum over the step's norm calls of (own - patched forward), each called as the model "
+        "calls it, paired rounds in this run; norm share = those calls' own time / the unpatched "
+        "step; gain = unpatched / patched median, 95% bootstrap interval over the pairs",
+        f"{inside} of {len(results)} rows: predicted gain inside the measured 95% interval",
+        *notes,
+    ])

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 from fusionlab.errors import UserError
 from fusionlab.measure.stats import summarise
 from fusionlab.model.models import Step, module_steps
-from fusionlab.model.norms import inspect_norm, norm_op
+from fusionlab.model.norms import SkippedNorm, inspect_norm, norm_op, unrecognised_norms
 from fusionlab.registry import op_names
 from fusionlab.shapes import DTYPES, format_shape, parse_shape
 
@@ -83,6 +83,12 @@ class Capture:
     # how to make the model again (`bench-model` reads it): model (a preset, a folder or
     # module:function), config, dtype, tokens (prompt lengths), seed, inputs (module:function)
     recipe: dict[str, Any] = field(default_factory=dict)
+    skipped: list[SkippedNorm] = field(default_factory=list)  # norm-like modules not recorded
+
+    def skip_lines(self) -> list[str]:
+        """One line per module that looks like a norm and was not recorded, saying why."""
+        return [f"not recognised: {s.path or 'the root'} ({s.module_class}): {s.why}"
+                for s in self.skipped]
 
     def of_op(self, op: str) -> list[NormCall]:
         return [call for call in self.calls if call.op == op]
@@ -98,6 +104,7 @@ class Capture:
             "recipe": self.recipe,
             "steps": [asdict(step) for step in self.steps],
             "calls": [{**asdict(c), "shape": format_shape(c.shape)} for c in self.calls],
+            "skipped": [asdict(s) for s in self.skipped],
         }
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
@@ -125,6 +132,7 @@ class Capture:
                 data["model"], data["device"], int(data["threads"]),
                 [StepTime(**step) for step in data["steps"]], calls, list(data["ops"]),
                 dict(data.get("recipe") or {}),
+                [SkippedNorm(**s) for s in data.get("skipped", [])],
             )
         except UserError:
             raise
@@ -150,13 +158,23 @@ def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20,
             recorder.step = step.name
             _run(step)
     calls = recorder.calls(repeats)
+    skipped = unrecognised_norms(model) + recorder.skipped
+    skipped += _not_called(model, {c.path for c in calls if c.source == "module"}
+                           | {s.path for s in skipped})
     times = []
     for step in steps:
         step_ms = 1e3 * _median_s(lambda step=step: _run(step), repeats)
         norm_us = sum(c.calls * c.call_us for c in calls if c.step == step.name)
         times.append(StepTime(step.name, step_ms, norm_us / 1e3))
     return Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls,
-                   recipe=dict(recipe or {}))
+                   recipe=dict(recipe or {}), skipped=skipped)
+
+
+def _not_called(model: nn.Module, seen: set[str]) -> list[SkippedNorm]:
+    """Recognised norms that no captured step called: nothing is known of their keys."""
+    return [SkippedNorm(path, type(module).__name__, "not called by the captured steps")
+            for path, module in model.named_modules()
+            if norm_op(module) is not None and path not in seen]
 
 
 def _are_steps(inputs: Any) -> bool:
@@ -221,14 +239,16 @@ class _Recorder(TorchFunctionMode):
         self._stack: list[str] = []
         self._inside_norm = 0
         self._seen: dict[tuple[str, str, str, tuple[int, ...], str], _Seen] = {}
+        self.skipped: list[SkippedNorm] = []  # recognised by class, but no formula matched
 
     @contextmanager
     def hooks(self) -> Iterator[None]:
         handles = []
         for path, module in self.model.named_modules():
-            is_norm = norm_op(module) is not None
-            handles.append(module.register_forward_pre_hook(self._enter(path, module, is_norm)))
-            handles.append(module.register_forward_hook(self._leave(is_norm), always_call=True))
+            op = norm_op(module)
+            handles.append(module.register_forward_pre_hook(self._enter(path, module, op)))
+            handles.append(module.register_forward_hook(self._leave(op is not None),
+                                                        always_call=True))
         try:
             with self:
                 yield
@@ -236,15 +256,15 @@ class _Recorder(TorchFunctionMode):
             for handle in handles:
                 handle.remove()
 
-    def _enter(self, path: str, module: nn.Module, is_norm: bool) -> Callable[..., None]:
+    def _enter(self, path: str, module: nn.Module, op: str | None) -> Callable[..., None]:
         def hook(_: nn.Module, args: tuple[Any, ...]) -> None:
             self._stack.append(path)
-            if is_norm:
+            if op is not None:
                 self._inside_norm += 1
                 x = args[0] if args else None
                 if isinstance(x, torch.Tensor):
                     sample = x.detach().clone()
-                    self._note(path, module, "module", norm_op(module) or "", sample,
+                    self._note(path, module, "module", op, sample,
                                lambda: module(sample), None)
 
         return hook
@@ -283,10 +303,19 @@ class _Recorder(TorchFunctionMode):
     def calls(self, repeats: int) -> list[NormCall]:
         """Every recorded key with its numerics and the median time of one call."""
         result = []
+        unknown: set[str] = set()
         for (path, source, step, shape, dtype), seen in self._seen.items():
             if seen.module is not None:
                 info = inspect_norm(seen.module, seen.sample)
                 eps, casting, offset = info.eps, info.casting, info.offset
+                if casting == "unknown":
+                    if path not in unknown:
+                        unknown.add(path)
+                        self.skipped.append(SkippedNorm(path, seen.module_class, (
+                            f"its output at {format_shape(shape)} {dtype} matches no {seen.op} "
+                            "formula fusionlab computes (none, llama or gemma casting)"
+                        )))
+                    continue
             else:
                 eps, casting, offset = float(seen.eps or 0.0), "none", 0.0
             with torch.no_grad():

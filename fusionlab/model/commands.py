@@ -17,6 +17,7 @@ from fusionlab.model.configs import split_items
 from fusionlab.model.memory import check_steps_fit
 from fusionlab.model.models import Step, causal_lm_steps_at, module_steps
 from fusionlab.model.patch import patch
+from fusionlab.model.plausible import marked, share_problem
 from fusionlab.model.sources import FactorySource, example_inputs, open_source
 from fusionlab.plan import check_thread_count, load_user_variants
 from fusionlab.registry import get_op
@@ -111,12 +112,14 @@ def capture_command(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UserError(f"cannot write {args.output!r}: {error.strerror or error}") from None
     for step in found.steps:
-        _say(f"{step.name}: {step.step_ms:.3f} ms per step, norms {step.norm_ms:.4f} ms "
-             f"({100 * step.share:.1f}%)")
+        share = marked(f"{100 * step.share:.1f}%", share_problem(step.share))
+        _say(f"{step.name}: {step.step_ms:.3f} ms per step, norms {step.norm_ms:.4f} ms ({share})")
     rows = [(c.step, c.path, c.module_class, c.op, c.key, c.calls, c.casting, f"{c.offset:g}",
              f"{c.call_us:.1f}") for c in found.calls]
     print(tabulate(rows, headers=["step", "module", "class", "op", "key", "calls", "casting",
                                   "offset", "us/call"], tablefmt="simple"))
+    for line in found.skip_lines():
+        _say(line)
     ops = sorted({c.op for c in found.calls})
     _say(f"wrote {args.output} ({len(found.calls)} keys); next: "
          + "; ".join(f"fusionlab sweep {op} --from-capture {args.output}" for op in ops))

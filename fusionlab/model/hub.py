@@ -2,7 +2,8 @@
 (RMSNorm, LayerNorm) dispatch to the winners, so `kernelize(model, mode=Mode.INFERENCE,
 device="cpu")` users get them through the mechanism they already use. Each module resolves,
 checks against its class's own forward, and caches its choice per key on first use, as `patch`
-does; a key without a usable winner runs the class's own forward."""
+does; a key without a usable winner runs the class's own forward. `kernelize_norms` reaches every
+norm class of a model, naming those it cannot reach."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ from torch import nn
 
 from fusionlab.errors import UserError
 from fusionlab.model.capture import NormCall
-from fusionlab.model.norms import inspect_norm, norm_op
+from fusionlab.model.norms import (
+    SkippedNorm,
+    inspect_norm,
+    looks_like_norm,
+    norm_op,
+    unrecognised_norms,
+)
 from fusionlab.model.patch import PatchedModule, resolver
 from fusionlab.runtime import Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
@@ -98,3 +105,68 @@ def _entry(module: nn.Module, x: torch.Tensor, dispatcher: Any) -> PatchedModule
     entry = PatchedModule(type(module).__name__, module, call, own)
     entry.resolver = resolver(entry, dispatcher(op), "inference")
     return entry
+
+
+
+def kernelize_norms(model: nn.Module, repo: str | Path, *, device: str = "cpu",
+                    mode: Any = None) -> list[SkippedNorm]:
+    """`kernels.kernelize` the model with this layer repository for every norm class it holds
+    (default mode: inference); returns every module that looks like a norm and still runs its
+    own forward, with why. A class without a kernel layer name (GemmaRMSNorm, nn.LayerNorm) is
+    given its class name with `kernels.replace_kernel_forward_from_hub` while kernelize runs."""
+    from kernels import Mode, kernelize, replace_kernel_forward_from_hub, use_kernel_mapping
+
+    mapping, unnamed, skipped = _layer_mapping(model, repo, device)
+    mode = Mode.INFERENCE if mode is None else mode
+    try:
+        for cls in unnamed:
+            replace_kernel_forward_from_hub(cls, cls.__name__)
+        with use_kernel_mapping(mapping):
+            kernelize(model, mode=mode, device=device)
+    finally:
+        for cls in unnamed:
+            for attribute in ("kernel_layer_name", "kernel_condition"):
+                if attribute in cls.__dict__:
+                    delattr(cls, attribute)
+    named = {s.path for s in skipped}
+    for path, module in model.named_modules():
+        if looks_like_norm(module) and path not in named and "_kernel_repo" not in module.__dict__:
+            condition = getattr(type(module), "kernel_condition", None)
+            why = ("its class's kernel_condition refuses it" if condition and not condition(module)
+                   else f"kernels kept its own forward in mode {mode} (the layers have no "
+                   "backward and no torch.compile support)")
+            skipped.append(SkippedNorm(path, type(module).__name__, why))
+    return skipped
+
+
+def _layer_mapping(model: nn.Module, repo: str | Path, device: str
+                   ) -> tuple[dict[str, Any], list[type], list[SkippedNorm]]:
+    """The `kernels` mapping that sends every recognised norm class of the model to this layer
+    repository (by its kernel layer name, or its class name when it has none), the classes that
+    need that name, and the norm-like modules it cannot reach."""
+    from kernels import LocalLayerRepository
+
+    mapping: dict[str, Any] = {}
+    op_of_layer: dict[str, str] = {}
+    unnamed: list[type] = []
+    skipped = unrecognised_norms(model)
+    for path, module in model.named_modules():
+        op = norm_op(module)
+        if op is None:
+            continue
+        cls = type(module)
+        layer_name = getattr(cls, "kernel_layer_name", None)
+        if layer_name is None:
+            layer_name = cls.__name__
+            if cls not in unnamed:
+                unnamed.append(cls)
+        if op_of_layer.setdefault(layer_name, op) != op:
+            skipped.append(SkippedNorm(path, cls.__name__, (
+                f"its kernel layer name {layer_name!r} is shared with a {op_of_layer[layer_name]} "
+                f"class, and it computes {op}"
+            )))
+            continue
+        mapping[layer_name] = {device: LocalLayerRepository(
+            repo_path=Path(repo), layer_name=LAYER_NAMES[op]
+        )}
+    return mapping, unnamed, skipped

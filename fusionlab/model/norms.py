@@ -3,12 +3,14 @@ weight offset), found by probing the module against the candidate formulas on a 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from fusionlab.registry import get_op
 
 _CANDIDATES = (("llama", 0.0), ("none", 0.0), ("gemma", 1.0), ("llama", 1.0))
 
@@ -23,23 +25,88 @@ class NormInfo:
     offset: float = 0.0  # Gemma's norms multiply by (offset + weight)
 
 
-def norm_op(module: nn.Module) -> str | None:
-    """The op a module computes, by its class (nn.LayerNorm, nn.RMSNorm, the `RMSNorm` layer name
-    of transformers' `use_kernel_forward_from_hub`, or a class named *RMSNorm / *LayerNorm with a
-    1-D weight and an eps)."""
+@dataclass(frozen=True)
+class SkippedNorm:
+    """A module that looks like a norm and is not replaced, and why."""
+
+    path: str
+    module_class: str
+    why: str
+
+
+def unrecognised_norms(model: nn.Module) -> list[SkippedNorm]:
+    """Every module of the model that looks like a norm but is not one fusionlab can replace."""
+    return [
+        SkippedNorm(path, type(module).__name__, why)
+        for path, module in model.named_modules()
+        if looks_like_norm(module) and (why := why_not_recognised(module))
+    ]
+
+
+def looks_like_norm(module: nn.Module) -> bool:
+    """Whether a module looks like a norm: a class name with "Norm", or a 1-D weight and an eps."""
+    if "Norm" in type(module).__name__:
+        return True
     weight = getattr(module, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
-        return None
+    return isinstance(weight, torch.Tensor) and weight.dim() == 1 and _eps_of(module) is not None
+
+
+def norm_op(module: nn.Module) -> str | None:
+    """The op a module computes, by its class (nn.LayerNorm with or without bias, nn.RMSNorm, the
+    `RMSNorm` layer name of transformers' `use_kernel_forward_from_hub`, or a class named *RMSNorm /
+    *LayerNorm with a 1-D weight and an eps); None when `why_not_recognised` has a reason."""
+    return None if why_not_recognised(module) else _op_by_class(module)
+
+
+def why_not_recognised(module: nn.Module) -> str:
+    """Why a module that looks like a norm is not one fusionlab can replace ("" when it is)."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        return "no weight (a norm without a learned scale is not replaced)"
+    if weight.dim() != 1:
+        return (f"its weight is {weight.dim()}-D {tuple(weight.shape)}; only norms over the last "
+                "dim with a 1-D weight are replaced")
+    op = _op_by_class(module)
+    if op is None:
+        return ("its class is neither nn.RMSNorm, nn.LayerNorm nor named *RMSNorm / *LayerNorm, "
+                "so its formula is unknown")
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return ""
+    extra = _extra_inputs(type(module).forward)
+    if extra:
+        return f"its forward takes more than one input ({', '.join(extra)})"
+    if _eps_of(module) is None:
+        return "no eps attribute (variance_epsilon, eps or epsilon)"
+    bias = getattr(module, "bias", None)
+    if op == "rmsnorm" and isinstance(bias, torch.Tensor):
+        return "an RMSNorm with a bias: no rmsnorm variant adds one"
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return f"its bias is a {type(bias).__name__}, not a tensor"
+    return ""
+
+
+def _op_by_class(module: nn.Module) -> str | None:
     if isinstance(module, nn.LayerNorm):
-        return "layernorm" if getattr(module, "bias", None) is not None else None
+        return "layernorm"
     if isinstance(module, nn.RMSNorm):
         return "rmsnorm"
     name = type(module).__name__
     if getattr(type(module), "kernel_layer_name", None) == "RMSNorm" or name.endswith("RMSNorm"):
-        return "rmsnorm" if _eps_of(module) is not None else None
-    if name.endswith("LayerNorm") and isinstance(getattr(module, "bias", None), torch.Tensor):
-        return "layernorm" if _eps_of(module) is not None else None
+        return "rmsnorm"
+    if name.endswith("LayerNorm"):
+        return "layernorm"
     return None
+
+
+def _extra_inputs(forward: Callable[..., object]) -> list[str]:
+    """The inputs a forward requires besides self and the tensor it normalises."""
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return []
+    required = [p.name for p in parameters
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return required[1:]
 
 
 def _eps_of(module: nn.Module) -> float | None:
@@ -53,7 +120,8 @@ def _eps_of(module: nn.Module) -> float | None:
 def inspect_norm(module: nn.Module, x: torch.Tensor,
                  forward: Callable[[torch.Tensor], torch.Tensor] | None = None) -> NormInfo:
     """The module's op, eps and numerics: the candidate formula that reproduces its output on `x`
-    exactly (bit for bit) wins; in float32 the castings round alike, so the class decides.
+    exactly (bit for bit) wins; in float32 the castings round alike, so the class decides, and a
+    formula within float32 tolerance (another reduction order) counts as "none".
     `forward`: the module's own computation when its forward has been replaced."""
     op = norm_op(module)
     assert op is not None
@@ -63,15 +131,39 @@ def inspect_norm(module: nn.Module, x: torch.Tensor,
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         return NormInfo(op, float(eps or 0.0))  # torch's own modules: fused, rounded once
     assert eps is not None
+    bias = getattr(module, "bias", None)
     with torch.no_grad():
         out = (forward or module)(x)
-        if op == "layernorm":
-            expected = F.layer_norm(x, (x.shape[-1],), module.weight, module.bias, eps)
-            return NormInfo(op, eps, "none" if torch.equal(out, expected) else "unknown")
-        for casting, offset in _CANDIDATES:  # in float32 several match: the first is kept
-            if torch.equal(out, rms_norm_with(x, module.weight, eps, casting, offset)):
+        candidates = (
+            [(casting, 0.0, layer_norm_with(x, module.weight, bias, eps, casting))
+             for casting in ("none", "llama")]
+            if op == "layernorm"
+            else [(casting, offset, rms_norm_with(x, module.weight, eps, casting, offset))
+                  for casting, offset in _CANDIDATES]
+        )
+        for casting, offset, expected in candidates:  # in float32 several match: the first wins
+            if torch.equal(out, expected):
                 return NormInfo(op, eps, casting, offset)
+        if x.dtype == torch.float32:
+            tolerance = get_op(op).tolerance(x.dtype)
+            for _, offset, expected in candidates:
+                if torch.allclose(out, expected, atol=tolerance.atol, rtol=tolerance.rtol):
+                    return NormInfo(op, eps, "none", offset)
     return NormInfo(op, eps, "unknown")
+
+
+def layer_norm_with(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                    casting: str) -> torch.Tensor:
+    """LayerNorm (bias optional) with a casting mode: none computes in float32 and rounds once
+    (as Cohere's LayerNorm); llama rounds the normalised x to the input dtype first."""
+    h = x.float()
+    centered = h - h.mean(-1, keepdim=True)
+    h = centered * torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + eps)
+    if casting == "llama":
+        h = weight * h.to(x.dtype)
+        return h if bias is None else h + bias
+    h = h * weight.float()
+    return (h if bias is None else h + bias.float()).to(x.dtype)
 
 
 def rms_norm_with(x: torch.Tensor, weight: torch.Tensor, eps: float, casting: str,

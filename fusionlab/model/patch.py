@@ -16,7 +16,13 @@ from torch import nn
 
 from fusionlab.errors import UserError
 from fusionlab.model.capture import Capture, NormCall
-from fusionlab.model.norms import inspect_norm, norm_op
+from fusionlab.model.norms import (
+    SkippedNorm,
+    inspect_norm,
+    looks_like_norm,
+    norm_op,
+    why_not_recognised,
+)
 from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.registry import Kernel, Variant, get_op, get_variant, variants_of
 from fusionlab.runtime import Choice, Dispatcher
@@ -76,9 +82,13 @@ class PatchedModule:
         self.resolver: Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]] | None = None
 
     def args(self, x: torch.Tensor) -> tuple[object, ...]:
-        values = {"x": x, "weight": self.module.weight, "bias": getattr(self.module, "bias", None),
-                  "eps": self.eps}
+        values = {"x": x, "weight": self.module.weight, "bias": self.bias(), "eps": self.eps}
         return tuple(values[name] for name in self.names)
+
+    def bias(self) -> torch.Tensor:
+        """The module's bias, or zeros for a norm without one (adding zero changes no bit)."""
+        bias = getattr(self.module, "bias", None)
+        return bias if isinstance(bias, torch.Tensor) else torch.zeros_like(self.module.weight)
 
     def caller(self, kernel: Kernel) -> Callable[[torch.Tensor], object]:
         """kernel(x, parameters..., eps) with the parameters bound: the per-call path."""
@@ -86,7 +96,7 @@ class PatchedModule:
         if self.names == ("x", "weight", "eps"):
             return lambda x: kernel(x, weight, eps)
         if self.names == ("x", "weight", "bias", "eps"):
-            bias = self.module.bias
+            bias = self.bias()
             return lambda x: kernel(x, weight, bias, eps)
         return lambda x: kernel(*self.args(x))
 
@@ -95,20 +105,25 @@ class PatchHandle:
     """The patched model: `.report()`, `.undo()`, `.benchmark(...)`."""
 
     def __init__(self, model: nn.Module, modules: list[PatchedModule], rows: list[PatchRow],
-                 fused: list[str], capture: Capture, winners_source: dict[str, Any]) -> None:
+                 fused: list[str], capture: Capture, winners_source: dict[str, Any],
+                 skipped: list[SkippedNorm] | None = None) -> None:
         self.model, self.modules, self.rows, self.fused = model, modules, rows, fused
+        self.skipped = skipped or []  # modules that look like norms and keep their own forward
         self.capture, self.winners_source = capture, winners_source
         self._saved = {m.path: m.module.__dict__.get("forward") for m in modules}
         self._forwards = {m.path: _patched_forward(m) for m in modules}
         self.redo()
 
     def report(self) -> str:
-        """Module, key, chosen variant, exact/nearest/fallback and why; then the fusion notes."""
+        """Module, key, chosen variant, exact/nearest/fallback and why; then the modules that look
+        like norms and were not patched, with why; then the fusion notes."""
         table = tabulate(
             [(r.path, r.op, r.key, r.variant, r.match, r.why) for r in self.rows],
             headers=["module", "op", "key", "variant", "match", "why"], tablefmt="simple",
         )
-        return table + "\n" + "\n".join(self.fused)
+        skipped = [f"not patched: {s.path or 'the root'} ({s.module_class}): {s.why}"
+                   for s in self.skipped]
+        return "\n".join([table, *skipped, *self.fused])
 
     def undo(self) -> None:
         """Give every module its own forward back."""
@@ -180,7 +195,10 @@ def patch(
         capture = Capture.load(capture)
     calls = [c for c in capture.calls if c.source == "module" and (ops is None or c.op in ops)]
     if not calls:
-        raise UserError("the capture records no replaceable norm module for the ops asked for")
+        first = f" ({capture.skip_lines()[0]})" if capture.skipped else ""
+        raise UserError(
+            f"the capture records no replaceable norm module for the ops asked for{first}"
+        )
     dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for op in {c.op for c in calls}}
     modules: dict[str, PatchedModule] = {}
     rows: list[PatchRow] = []
@@ -205,7 +223,25 @@ def patch(
     layers = _decoder_layers(model)
     fused = [f"{len(layers)} decoder layer(s) ({layers[0]}, ...): {_FUSION_NOTE}"] if layers else []
     return PatchHandle(model, list(modules.values()), rows, fused, capture,
-                       {"storage": storage, "winners": winners, "rank_by": rank_by})
+                       {"storage": storage, "winners": winners, "rank_by": rank_by},
+                       _not_patched(model, set(modules), capture, ops))
+
+
+def _not_patched(model: nn.Module, patched: set[str], capture: Capture,
+                 ops: list[str] | None) -> list[SkippedNorm]:
+    """Every module that looks like a norm and was not patched, with the reason."""
+    from_capture = {s.path: s.why for s in capture.skipped}
+    captured = {c.path: c.op for c in capture.calls if c.source == "module"}
+    result = []
+    for path, module in model.named_modules():
+        if path in patched or not looks_like_norm(module):
+            continue
+        why = from_capture.get(path) or why_not_recognised(module)
+        if not why and path in captured:
+            why = f"op {captured[path]} left out (ops={','.join(ops or [])})"
+        result.append(SkippedNorm(path, type(module).__name__, why or "not in the capture: "
+                                  "capture this model again"))
+    return result
 
 
 def _patch_found_norms(model: nn.Module, storage: str | None,
@@ -230,7 +266,8 @@ def _patch_found_norms(model: nn.Module, storage: str | None,
     device = modules[0].module.weight.device.type
     empty = Capture(type(model).__name__, device, torch.get_num_threads(), [], [])
     return PatchHandle(model, modules, rows, [], empty,
-                       {"storage": storage, "winners": winners, "rank_by": rank_by})
+                       {"storage": storage, "winners": winners, "rank_by": rank_by},
+                       _not_patched(model, {m.path for m in modules}, empty, ops))
 
 
 def _probed_call(path: str, module: nn.Module, op: str) -> NormCall:
