@@ -350,16 +350,18 @@ def _must_be_exact(dtype: torch.dtype) -> bool:
     return dtype in (torch.float16, torch.bfloat16)
 
 
-_PROBE_ROWS = 1024
+_PROBE_ELEMENTS = 1 << 20
 
 
 def _probe(x: torch.Tensor) -> torch.Tensor:
-    """Many rows like a model's activations (scales spread over orders of magnitude, a few
-    outlier channels), where a kernel that sums in another order rounds some element otherwise."""
+    """About a million elements like a model's activations (row scales spread over orders of
+    magnitude, a few outlier channels): a kernel that sums in another order than the module
+    rounds about one element in 1e5 otherwise, so it shows here."""
     generator = torch.Generator().manual_seed(0)
     hidden = x.shape[-1]
-    rows = torch.randn(_PROBE_ROWS, hidden, generator=generator)
-    rows *= torch.exp(2 * torch.randn(_PROBE_ROWS, 1, generator=generator))
+    count = max(_PROBE_ELEMENTS // max(hidden, 1), 1)
+    rows = torch.randn(count, hidden, generator=generator)
+    rows *= torch.exp(2 * torch.randn(count, 1, generator=generator))
     outliers = torch.randint(0, hidden, (max(hidden // 64, 1),), generator=generator)
     rows[:, outliers] *= 20
     return rows.to(dtype=x.dtype, device=x.device)
