@@ -158,3 +158,15 @@ def test_a_winner_that_cannot_round_like_the_module_alone_patches_nothing(
     with pytest.raises(UserError, match=r"stats-in-float64 disagrees .* round otherwise"):
         patch(model, found, winners=str(winners))
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_the_patched_op_passes_torch_library_opcheck(llama) -> None:
+    """The op compiled graphs call: schema, fake kernel and AOT dispatch agree with the real one."""
+    model, found, url = llama
+    handle = patch(model, found, storage=url)
+    try:
+        x = torch.randn(1, 13, 64)
+        for module in handle.modules:
+            torch.library.opcheck(torch.ops.fusionlab.patched_norm.default, (x, module.slot))
+    finally:
+        handle.undo()
