@@ -8,6 +8,7 @@ the module) never enters the graph. The fake kernel gives the output's shape and
 
 from __future__ import annotations
 
+import weakref
 from typing import Protocol
 
 import torch
@@ -22,20 +23,27 @@ class Runnable(Protocol):
     def original(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-_SLOTS: list[Runnable] = []
+# Weak: a patched forward holds its module's entry, so an entry lives while anything calls it.
+_SLOTS: list[weakref.ref[Runnable]] = []
 _OUTPUT_DTYPES: dict[tuple[int, torch.dtype], torch.dtype] = {}
 
 
 def register(module: Runnable) -> int:
-    """A slot number for a patched module (kept for the process: compiled graphs name it)."""
-    _SLOTS.append(module)
+    """A slot number for a patched module (never reused: compiled graphs name it)."""
+    _SLOTS.append(weakref.ref(module))
     return len(_SLOTS) - 1
+
+
+def _module(slot: int) -> Runnable:
+    module = _SLOTS[slot]()
+    assert module is not None, "a compiled graph calls a patched module that no longer exists"
+    return module
 
 
 @torch.library.custom_op("fusionlab::patched_norm", mutates_args=())
 def patched_norm(x: torch.Tensor, slot: int) -> torch.Tensor:
     """The patched module in `slot` applied to x: its kernel for x's key, or its own forward."""
-    out = _SLOTS[slot].run(x).contiguous()
+    out = _module(slot).run(x).contiguous()
     return out.clone() if out.data_ptr() == x.data_ptr() else out
 
 
@@ -51,5 +59,5 @@ def output_dtype(slot: int, x: torch.Tensor) -> torch.dtype:
     if key not in _OUTPUT_DTYPES:
         with unset_fake_temporarily(), torch.no_grad():
             row = torch.zeros(1, x.shape[-1], dtype=x.dtype, device=x.device)
-            _OUTPUT_DTYPES[key] = _SLOTS[slot].original(row).dtype
+            _OUTPUT_DTYPES[key] = _module(slot).original(row).dtype
     return _OUTPUT_DTYPES[key]
