@@ -6,9 +6,10 @@ Winners come from an Optuna storage or from a winners file written by `fusionlab
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from fusionlab.op import key_of_first_input
 from fusionlab.plan import installed_toolchain
 from fusionlab.records import RANK_MODES
 from fusionlab.registry import Kernel, get_op, get_variant
-from fusionlab.report.winners import cell_winner
+from fusionlab.report.winners import cell_winner, writes_inputs
 from fusionlab.results import Decision, WinnersFile
 from fusionlab.schema import user_facing
 from fusionlab.search.results_store import load_cells
@@ -41,6 +42,8 @@ class Choice:
     match: str
     reason: str = ""
     decision: Decision | None = None
+    # the other variants that passed in the cell, fastest first: (variant, params)
+    alternatives: tuple[tuple[str, dict[str, Any]], ...] = field(default=())
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,13 @@ class _Entry:
     params: dict[str, Any]
     toolchain: dict[str, str]
     decision: Decision | None = None
+    alternatives: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@functools.cache
+def _installed_toolchain(op: str, device_type: str) -> dict[str, str]:
+    """The installed toolchain, read once per process (it hashes the kernels' source files)."""
+    return installed_toolchain(op, device_type)
 
 
 class Dispatcher:
@@ -80,6 +90,12 @@ class Dispatcher:
             for cell in cells:
                 winner = cell_winner(cell, rank_by, allow_inplace=allow_inplace)
                 if winner is not None:
+                    others = tuple(
+                        (r.variant, dict(r.params))
+                        for r in cell.best_per_variant(rank_by).values()
+                        if r.variant != winner.record.variant
+                        and (allow_inplace or not writes_inputs(r))
+                    )
                     self._add(
                         cell.cell.device_name,
                         cell.cell.threads,
@@ -90,11 +106,14 @@ class Dispatcher:
                             dict(winner.record.params),
                             cell.cell.toolchain,
                             winner.decision,
+                            others,
                         ),
                     )
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
+        self._choices: dict[tuple[Any, ...], Choice] = {}
         self._keyed_by_first = self.spec.key_of is key_of_first_input
         self._device_names: dict[str, str] = {}
+        self._checked: set[tuple[int, str]] = set()
         self._warned: set[str] = set()
 
     def _add(self, device_name: str, threads: int, dtype: str, entry: _Entry) -> None:
@@ -121,16 +140,24 @@ class Dispatcher:
             if row.variant is None or row.params is None:
                 continue  # nothing passed in that cell
             variant, params = row.variant, row.params
+            others: tuple[tuple[str, dict[str, Any]], ...] = ()
             if row.inplace and not self._allow_inplace:
                 if row.out_of_place is None:
                     continue  # only variants that overwrite their inputs passed
                 variant, params = row.out_of_place.variant, row.out_of_place.params
+            elif row.out_of_place is not None and row.out_of_place.variant != variant:
+                others = ((row.out_of_place.variant, dict(row.out_of_place.params)),)
             entry = _Entry(parse_shape(row.shape), variant, dict(params), dict(row.toolchain),
-                           row.decision)
+                           row.decision, others)
             self._add(row.device, row.threads, row.dtype, entry)
 
     def _check_toolchain(self, entry: _Entry, device_type: str) -> None:
-        installed = installed_toolchain(self.spec.name, device_type)
+        """Warn once if the entry was measured with another toolchain; each entry is compared
+        once, against the toolchain installed in this process (read once)."""
+        if (id(entry), device_type) in self._checked:
+            return
+        self._checked.add((id(entry), device_type))
+        installed = _installed_toolchain(self.spec.name, device_type)
         difference = describe_difference(entry.toolchain, installed) if entry.toolchain else ""
         if difference and difference not in self._warned:
             self._warned.add(difference)
@@ -142,11 +169,20 @@ class Dispatcher:
 
     def choose(self, shape: tuple[int, ...], dtype: torch.dtype, device_type: str) -> Choice:
         """Exact key first; else the op's nearest-match rule; else the op's built-in. On the CPU
-        only results measured at this process's thread count are used."""
+        only results measured at this process's thread count are used. Decided once per key:
+        a key seen before is one dictionary lookup."""
+        threads = torch.get_num_threads() if device_type == "cpu" else 0
+        key = (tuple(shape), dtype, device_type, threads)
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = self._choices[key] = self._decide(key[0], dtype, device_type, threads)
+        return choice
+
+    def _decide(self, shape: tuple[int, ...], dtype: torch.dtype, device_type: str,
+                threads: int) -> Choice:
         if device_type not in self._device_names:
             self._device_names[device_type] = get_device(device_type).hardware_name()
         device_name = self._device_names[device_type]
-        threads = torch.get_num_threads() if device_type == "cpu" else 0
         dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
         entries = self._entries.get((device_name, threads, dtype_name), [])
         by_shape = {e.shape: e for e in entries}
@@ -161,7 +197,8 @@ class Dispatcher:
                 )
             match, entry = "nearest", by_shape[nearest]
         self._check_toolchain(entry, device_type)
-        return Choice(entry.variant, dict(entry.params), match, decision=entry.decision)
+        return Choice(entry.variant, dict(entry.params), match, decision=entry.decision,
+                      alternatives=entry.alternatives)
 
     def _fallback_reason(self, device_name: str, threads: int, dtype_name: str) -> str:
         """Why nothing matched; a thread-count mismatch is said once as a warning too."""

@@ -1,6 +1,10 @@
 """Patch a model's captured norm modules with the winners: each module's forward becomes a table
 lookup (shape, dtype) -> chosen kernel, resolved and checked against the module's own output once
-per key. Nothing is changed until every module is resolved, so a failed patch changes nothing."""
+per key. Nothing is changed until every module is resolved, so a failed patch changes nothing.
+
+In 16-bit dtypes a kernel must reproduce the module bit for bit (on the input and on a probe of
+many rows); one that does not gives way to the next fastest variant of the cell that does. Under
+torch.compile the forward is one opaque op call (fusionlab/model/patched_op.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from tabulate import tabulate
 from torch import nn
 
 from fusionlab.errors import UserError
+from fusionlab.model import patched_op
 from fusionlab.model.capture import Capture, NormCall
 from fusionlab.model.norms import (
     SkippedNorm,
@@ -46,6 +51,7 @@ class PatchRow:
     variant: str  # "(module's own)" when it keeps its forward
     match: str  # exact | nearest | fallback
     why: str = ""
+    numerics: str = ""  # how the kernel's output compares with the module's own
 
 
 def supports(variant: Variant, dtype: str, casting: str, offset: float) -> bool:
@@ -80,6 +86,21 @@ class PatchedModule:
             raise UserError(f"{path}: op {call.op} takes {names}; only norms of x can be patched")
         self.names = names
         self.resolver: Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]] | None = None
+        self.late_rows: list[PatchRow] = []  # keys first seen after patching
+        # (variant, params, numerics, device type) -> the built kernel
+        self.kernels: dict[tuple[object, ...], Kernel] = {}
+        # (variant, params, dtype) -> "" when it rounds like the module on the probe, else why not
+        self.probed: dict[tuple[object, ...], str] = {}
+        self.slot = patched_op.register(self)
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """The patched call: the key's kernel, resolved and checked on first use of the key."""
+        call = self.table.get((x.shape, x.dtype), False)
+        if call is False:  # a key not seen at patch time: resolve and check it once
+            call = _resolve_late(self, x)
+        if call is None:
+            return self.original(x)
+        return call(x)
 
     def args(self, x: torch.Tensor) -> tuple[object, ...]:
         values = {"x": x, "weight": self.module.weight, "bias": self.bias(), "eps": self.eps}
@@ -115,11 +136,14 @@ class PatchHandle:
         self.redo()
 
     def report(self) -> str:
-        """Module, key, chosen variant, exact/nearest/fallback and why; then the modules that look
-        like norms and were not patched, with why; then the fusion notes."""
+        """Module, key, chosen variant, exact/nearest/fallback, numerics and why (keys resolved
+        after patching included); then the modules that look like norms and were not patched,
+        with why; then the fusion notes."""
+        rows = self.rows + [r for m in self.modules for r in m.late_rows]
         table = tabulate(
-            [(r.path, r.op, r.key, r.variant, r.match, r.why) for r in self.rows],
-            headers=["module", "op", "key", "variant", "match", "why"], tablefmt="simple",
+            [(r.path, r.op, r.key, r.variant, r.match, r.numerics, r.why) for r in rows],
+            headers=["module", "op", "key", "variant", "match", "numerics", "why"],
+            tablefmt="simple",
         )
         skipped = [f"not patched: {s.path or 'the root'} ({s.module_class}): {s.why}"
                    for s in self.skipped]
@@ -147,17 +171,25 @@ class PatchHandle:
 
 
 def _patched_forward(entry: PatchedModule) -> Callable[..., object]:
-    table, original = entry.table, entry.original
+    """Eager: the table lookup. Traced by torch.compile: one opaque op whose real kernel does the
+    lookup at run time, so no shape is specialised on and nothing of the resolution is traced;
+    where gradients are wanted the lookup itself is traced, as in eager."""
+    run, slot = entry.run, entry.slot
+    parameters = list(entry.module.parameters(recurse=False))
+    patched_norm = torch.ops.fusionlab.patched_norm
 
     def forward(self: nn.Module, x: torch.Tensor) -> object:
-        call = table.get((x.shape, x.dtype), False)
-        if call is False:  # a key not seen at patch time: resolve and check it once
-            call = _resolve_late(entry, x)
-        if call is None:
-            return original(x)
-        return call(x)
+        if torch.compiler.is_compiling() and not _wants_grad(x, parameters):
+            return patched_norm(x, slot)
+        return run(x)
 
     return types.MethodType(forward, entry.module)
+
+
+def _wants_grad(x: torch.Tensor, parameters: list[nn.Parameter]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return x.requires_grad or any(p.requires_grad for p in parameters)
 
 
 def _resolve_late(entry: PatchedModule, x: torch.Tensor) -> Callable[..., object] | None:
@@ -168,6 +200,7 @@ def _resolve_late(entry: PatchedModule, x: torch.Tensor) -> Callable[..., object
                       stacklevel=3)
     call = None if kernel is None else entry.caller(kernel)
     entry.table[(x.shape, x.dtype)] = call
+    entry.late_rows.append(row)
     return call
 
 
@@ -256,16 +289,14 @@ def _patch_found_norms(model: nn.Module, storage: str | None,
         asked = f" for {', '.join(ops)}" if ops else ""
         raise UserError(f"{type(model).__name__} has no norm module fusionlab can replace{asked}")
     dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for _, _, op in found}
-    rows: list[PatchRow] = []
     modules = []
     for path, module, op in found:
         entry = PatchedModule(path, module, _probed_call(path, module, op))
-        resolve = resolver(entry, dispatchers[op], mode)
-        entry.resolver = _reporting(resolve, rows)
+        entry.resolver = resolver(entry, dispatchers[op], mode)
         modules.append(entry)
     device = modules[0].module.weight.device.type
     empty = Capture(type(model).__name__, device, torch.get_num_threads(), [], [])
-    return PatchHandle(model, modules, rows, [], empty,
+    return PatchHandle(model, modules, [], [], empty,
                        {"storage": storage, "winners": winners, "rank_by": rank_by},
                        _not_patched(model, {m.path for m in modules}, empty, ops))
 
@@ -280,18 +311,6 @@ def _probed_call(path: str, module: nn.Module, op: str) -> NormCall:
     return NormCall(path, type(module).__name__, "module", op, "", tuple(sample.shape),
                     dtype_name(weight.dtype), weight.device.type, info.eps, info.casting,
                     info.offset, 0)
-
-
-def _reporting(resolve: Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]],
-               rows: list[PatchRow]) -> Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]]:
-    """The resolver, adding each key it resolves to the handle's report."""
-
-    def resolve_and_report(x: torch.Tensor) -> tuple[Kernel | None, PatchRow]:
-        kernel, row = resolve(x)
-        rows.append(row)
-        return kernel, row
-
-    return resolve_and_report
 
 
 def _dispatcher(op: str, storage: str | None, winners: str | dict[str, str] | None,
@@ -325,8 +344,9 @@ def _sample(model: nn.Module, call: NormCall) -> torch.Tensor:
 
 
 def resolver(entry: PatchedModule, dispatcher: Dispatcher,
-              mode: str) -> Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]]:
-    """Choose, build and check the kernel for one key of one module."""
+             mode: str) -> Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]]:
+    """Choose, build and check the kernel for one key of one module: the winner, else the next
+    fastest variant of the cell that computes the module's numerics and rounds like it."""
 
     def resolve(x: torch.Tensor) -> tuple[Kernel | None, PatchRow]:
         dtype = next(name for name, value in DTYPES.items() if value == x.dtype)
@@ -340,42 +360,103 @@ def resolver(entry: PatchedModule, dispatcher: Dispatcher,
 
         if choice.match == "fallback":
             return keep(choice.reason or "no winner for this key")
-        variant = get_variant(entry.op, choice.variant)
-        if not supports(variant, dtype, entry.casting, entry.offset):
-            numerics = f"{entry.casting} casting" + (
-                f", weight offset {entry.offset:g}" if entry.offset else ""
-            )
-            if not any(
-                supports(v, dtype, entry.casting, entry.offset)
-                for v in variants_of(entry.op).values()
-            ):
-                raise UserError(
-                    f"{entry.path}: no {entry.op} variant computes its numerics ({numerics}, "
-                    f"{dtype}); leave {entry.op} out (ops=...) or add a variant that does"
-                )
-            return keep(f"winner {choice.variant} does not compute {numerics} in {dtype}")
-        if mode == "training" and not variant.autograd:
+        _check_numerics_exist(entry, dtype)
+        if mode == "training" and not get_variant(entry.op, choice.variant).autograd:
             raise UserError(
                 f"patch(mode='training'): {entry.op} winner {choice.variant} for {entry.path} "
                 "has no backward; patch for inference, or sweep variants that have one"
             )
-        kernel = build_kernel(variant, x.device.type, choice.params, entry.casting, entry.offset)
-        problem = _disagreement(entry, kernel, x)
-        if problem:
-            return keep(f"{choice.variant} disagrees with the module: {problem}")
-        return kernel, _row(entry, key, choice)
+        refused: list[str] = []
+        for name, params in ((choice.variant, choice.params), *choice.alternatives):
+            kernel, problem = _candidate(entry, name, params, x, mode)
+            if kernel is not None:
+                why = "; ".join(refused + ([choice.reason] if choice.reason else []))
+                numerics = "bit-exact" if _must_be_exact(x.dtype) else "within tolerance"
+                return kernel, _row(entry, key, choice, name, params, why, numerics)
+            refused.append(f"{name}{_params_text(params)} {problem}")
+        return keep("; ".join(refused))
 
     return resolve
 
 
-def _row(entry: PatchedModule, key: str, choice: Choice) -> PatchRow:
-    params = ", ".join(f"{k}={v}" for k, v in choice.params.items())
-    variant = f"{choice.variant}({params})" if params else choice.variant
-    return PatchRow(entry.path, entry.op, key, variant, choice.match, choice.reason)
+def _check_numerics_exist(entry: PatchedModule, dtype: str) -> None:
+    """Refuse a module whose numerics no variant of its op computes, in one line."""
+    if not any(supports(v, dtype, entry.casting, entry.offset)
+               for v in variants_of(entry.op).values()):
+        raise UserError(
+            f"{entry.path}: no {entry.op} variant computes its numerics ({_numerics_text(entry)}, "
+            f"{dtype}); leave {entry.op} out (ops=...) or add a variant that does"
+        )
+
+
+def _numerics_text(entry: PatchedModule) -> str:
+    offset = f", weight offset {entry.offset:g}" if entry.offset else ""
+    return f"{entry.casting} casting{offset}"
+
+
+def _candidate(entry: PatchedModule, name: str, params: dict[str, Any], x: torch.Tensor,
+               mode: str) -> tuple[Kernel | None, str]:
+    """The variant's kernel for this module if it can replace it on x, else why it cannot."""
+    variants = variants_of(entry.op)
+    dtype = next(n for n, value in DTYPES.items() if value == x.dtype)
+    if name not in variants:
+        return None, "is not registered in this process"
+    variant = variants[name]
+    if not supports(variant, dtype, entry.casting, entry.offset):
+        return None, f"does not compute {_numerics_text(entry)} in {dtype}"
+    if mode == "training" and not variant.autograd:
+        return None, "has no backward"
+    built = (name, tuple(sorted(params.items())), x.device.type)
+    kernel = entry.kernels.get(built)
+    if kernel is None:
+        kernel = build_kernel(variant, x.device.type, params, entry.casting, entry.offset)
+        entry.kernels[built] = kernel
+    problem = _disagreement(entry, kernel, x)
+    if not problem and _must_be_exact(x.dtype):
+        probe = (*built, x.dtype)
+        if probe not in entry.probed:
+            entry.probed[probe] = _disagreement(entry, kernel, _probe(x))
+        problem = entry.probed[probe]
+    return (None, f"disagrees with the module: {problem}") if problem else (kernel, "")
+
+
+def _must_be_exact(dtype: torch.dtype) -> bool:
+    """16-bit outputs must equal the module's bit for bit: a one-step difference in a norm's
+    output compounds through the layers (float32 keeps the op's tolerance)."""
+    return dtype in (torch.float16, torch.bfloat16)
+
+
+_PROBE_ELEMENTS = 1 << 20
+
+
+def _probe(x: torch.Tensor) -> torch.Tensor:
+    """About a million elements like a model's activations (row scales spread over orders of
+    magnitude, a few outlier channels): a kernel that sums in another order than the module
+    rounds about one element in 1e5 otherwise, so it shows here."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = x.shape[-1]
+    count = max(_PROBE_ELEMENTS // max(hidden, 1), 1)
+    rows = torch.randn(count, hidden, generator=generator)
+    rows *= torch.exp(2 * torch.randn(count, 1, generator=generator))
+    outliers = torch.randint(0, hidden, (max(hidden // 64, 1),), generator=generator)
+    rows[:, outliers] *= 20
+    return rows.to(dtype=x.dtype, device=x.device)
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in params.items())
+    return f"({text})" if text else ""
+
+
+def _row(entry: PatchedModule, key: str, choice: Choice, name: str, params: dict[str, Any],
+         why: str, numerics: str) -> PatchRow:
+    return PatchRow(entry.path, entry.op, key, name + _params_text(params), choice.match, why,
+                    numerics)
 
 
 def _disagreement(entry: PatchedModule, kernel: Kernel, x: torch.Tensor) -> str:
-    """Why the kernel's output is not the module's own within the dtype tolerance ("" if it is)."""
+    """Why the kernel's output is not the module's own ("" if it is): equal bit for bit in 16-bit
+    dtypes, else within the op's tolerance."""
     tolerance = get_op(entry.op).tolerance(x.dtype)
     with torch.no_grad():
         expected = entry.original(x)
@@ -387,6 +468,9 @@ def _disagreement(entry: PatchedModule, kernel: Kernel, x: torch.Tensor) -> str:
         return "wrong output shape"
     if got.dtype != expected.dtype:
         return f"returns {got.dtype}, the module {expected.dtype}"
+    if _must_be_exact(x.dtype):
+        differ = int((got != expected).sum().item())
+        return f"{differ} of {got.numel()} elements round otherwise" if differ else ""
     if not torch.allclose(got, expected, atol=tolerance.atol, rtol=tolerance.rtol):
         worst = (got.float() - expected.float()).abs().max().item()
         return f"max difference {worst:.3g} beyond atol {tolerance.atol:g} rtol {tolerance.rtol:g}"
