@@ -146,7 +146,17 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> fl
                 with open(cache_dir() / "builds.log", "a") as log:
                     log.write(f"{folder.name}\t{os.getpid()}\t{seconds:.2f}\n")
         _loaded[name] = library
+        _tag_compile_cache(folder.name)
         return time.perf_counter() - start
+
+
+def _tag_compile_cache(build: str) -> None:
+    """Put this build's name into torch.compile's cache key. Inductor's graph cache names a
+    custom op but not its schema, so code compiled against an older build of these ops (one
+    argument fewer) would be loaded from the cache and fail; the tag makes each build its own key."""
+    tag = torch.compiler.config.cache_key_tag
+    if build not in tag.split():
+        torch.compiler.config.cache_key_tag = f"{tag} {build}".strip()
 
 
 def _build(folder: Path, sources: Sequence[Path], headers: Sequence[Path]) -> None:

@@ -34,7 +34,8 @@ seconds = cpp_build.load("buildtest", [source], [header])
 (library,) = [p for p in torch.ops.loaded_libraries if "buildtest_" in p]
 scaled = ctypes.CDLL(library).fusionlab_buildtest_scaled
 scaled.restype, scaled.argtypes = ctypes.c_double, [ctypes.c_double]
-print(json.dumps({"seconds": seconds, "y": scaled(2.0), "library": library}))
+tag = torch.compiler.config.cache_key_tag
+print(json.dumps({"seconds": seconds, "y": scaled(2.0), "library": library, "tag": tag}))
 """
 
 
@@ -99,6 +100,9 @@ def test_concurrent_processes_compile_once_then_load(tmp_path, monkeypatch):
     name, pid, seconds = compiles[0]
     assert name == folder.name and int(pid) in (c.pid for c in clients) and float(seconds) > 0
     assert all(r["y"] == 6.0 and r["library"] == str(library) for r in results), results
+    # torch.compile's cache key names this build: code compiled against another build of the
+    # same op names (another schema) is never loaded from inductor's cache.
+    assert all(folder.name in r["tag"].split() for r in results), results
     mtime = library.stat().st_mtime_ns
 
     third = _result(_start(source, header, cache))
