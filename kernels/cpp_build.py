@@ -153,7 +153,8 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> fl
 def _tag_compile_cache(build: str) -> None:
     """Put this build's name into torch.compile's cache key. Inductor's graph cache names a
     custom op but not its schema, so code compiled against an older build of these ops (one
-    argument fewer) would be loaded from the cache and fail; the tag makes each build its own key."""
+    argument fewer) would be loaded from the cache and fail; the tag gives each build its own
+    key."""
     tag = torch.compiler.config.cache_key_tag
     if build not in tag.split():
         torch.compiler.config.cache_key_tag = f"{tag} {build}".strip()

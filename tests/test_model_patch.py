@@ -318,7 +318,7 @@ def test_patch_without_a_capture_resolves_each_key_on_first_use(llama, tmp_path:
     before = CALLS[0]
     _logits(model)
     assert CALLS[0] - before == 3 * 3  # resolved: every call goes to the winner, nothing else
-    assert sorted((r.path, r.key, r.variant) for r in handle.rows) == sorted(
+    assert sorted((r.path, r.key, r.variant) for r in handle.all_rows()) == sorted(
         (path, f"1x{rows}x64 float32", "counting") for path in norms for rows in (TOKENS, 1)
     )
     handle.undo()

@@ -139,7 +139,7 @@ class PatchHandle:
         """Module, key, chosen variant, exact/nearest/fallback, numerics and why (keys resolved
         after patching included); then the modules that look like norms and were not patched,
         with why; then the fusion notes."""
-        rows = self.rows + [r for m in self.modules for r in m.late_rows]
+        rows = self.all_rows()
         table = tabulate(
             [(r.path, r.op, r.key, r.variant, r.match, r.numerics, r.why) for r in rows],
             headers=["module", "op", "key", "variant", "match", "numerics", "why"],
@@ -148,6 +148,10 @@ class PatchHandle:
         skipped = [f"not patched: {s.path or 'the root'} ({s.module_class}): {s.why}"
                    for s in self.skipped]
         return "\n".join([table, *skipped, *self.fused])
+
+    def all_rows(self) -> list[PatchRow]:
+        """The keys resolved at patch time, then those each module resolved on first use."""
+        return self.rows + [r for m in self.modules for r in m.late_rows]
 
     def undo(self) -> None:
         """Give every module its own forward back."""
