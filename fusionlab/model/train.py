@@ -22,12 +22,15 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return found
 
 
+def check_lengths(lengths: list[int]) -> None:
+    """Refuse sequences too short to have a next token to predict."""
+    if min(lengths) < 2:
+        raise UserError(f"--train needs at least 2 tokens per sequence (got {min(lengths)}): "
+                        "each position's loss is against the next token")
+
+
 def token_batches(vocab: int, tokens: int, count: int, seed: int) -> list[torch.Tensor]:
-    """`count` batches of one sequence of `tokens` random token ids (at least two: the loss
-    predicts each next token)."""
-    if tokens < 2:
-        raise UserError(f"--train needs at least 2 tokens per sequence (got {tokens}): each "
-                        "position's loss is against the next token")
+    """`count` batches of one sequence of `tokens` random token ids."""
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (1, tokens), generator=generator) for _ in range(count)]
 

@@ -23,6 +23,7 @@ from fusionlab.model.plausible import marked
 from fusionlab.model.predict import time_calls
 from fusionlab.model.train import (
     Trainer,
+    check_lengths,
     next_token_loss,
     token_batches,
     trainable_parameters,
@@ -62,6 +63,7 @@ def benchmark_training(handle: PatchHandle, tokens: list[int], runs: int = 20, s
         raise UserError(f"{type(model).__name__} is not a transformers causal LM: a training "
                         "step needs token ids and next-token targets")
     trainable_parameters(model)
+    check_lengths(tokens)
     saved = {name: value.detach().clone() for name, value in model.state_dict().items()}
     was_training = model.training
     try:
