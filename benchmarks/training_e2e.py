@@ -31,7 +31,8 @@ def summary_row(dtype: str, op: str, variants: str, result: TrainResult) -> list
         dtype, op, variants, f"{r.predicted_saving_ms:.2f} ms -> {r.predicted_gain:.4f}x",
         f"{r.gain:.4f}x [{r.low:.4f}, {r.high:.4f}]", "yes" if r.predicted_inside else "no",
         f"{r.unpatched_ms:.1f}", f"{r.patched_ms:.1f}",
-        f"{result.unpatched_peak / 2**20:.1f}", f"{result.patched_peak / 2**20:.1f}",
+        f"{result.unpatched.retained / 2**20:.1f} / {result.patched.retained / 2**20:.1f}",
+        f"{result.unpatched.peak / 2**20:.1f} / {result.patched.peak / 2**20:.1f}",
         f"{worst.max_relative:.3g} ({worst.name}; tol {worst.tolerance:.3g})"
         + ("" if result.gradients_ok else " [differs]"),
     ]
@@ -78,7 +79,7 @@ def main() -> None:
     print("\nsummary (one training step: forward, next-token cross-entropy, backward, AdamW)")
     print(tabulate(summary, headers=[
         "dtype", "op", "variant", "predicted (saved -> gain)", "measured gain [95% CI]", "inside",
-        "unpatched ms", "patched ms", "peak MiB unpatched", "peak MiB patched",
+        "unpatched ms", "patched ms", "kept for backward MiB", "peak MiB",
         "largest gradient difference",
     ], tablefmt="github", disable_numparse=True))
 

@@ -13,7 +13,7 @@ from conftest import PLUGINS, run_cli
 
 from fusionlab import capture, causal_lm_steps, sweep, tiny_model
 from fusionlab.cli import main
-from fusionlab.model.peak_memory import peak_bytes
+from fusionlab.model.peak_memory import memory_use
 from fusionlab.report import export
 from fusionlab.report.tables import best_rows
 from fusionlab.results import WinnersFile
@@ -66,9 +66,12 @@ def test_bench_model_train_times_both_and_gradients_match(swept) -> None:
     unpatched_ms, patched_ms = float(row[6]), float(row[7])
     assert unpatched_ms > 0 and patched_ms > 0
     assert row[4] == "->"  # a prediction from the norms' forward+backward calls
-    peaks = [float(row[-2]) * 2**20, float(row[-1]) * 2**20]
+    kept = [float(row[-6]) * 2**20, float(row[-4]) * 2**20]  # "a / b" unpatched / patched
+    peaks = [float(row[-3]) * 2**20, float(row[-1]) * 2**20]
     # a step's gradients (one per parameter) are live at its end: the peak holds at least them
     assert all(peak >= 0.9 * parameter_bytes for peak in peaks), (peaks, parameter_bytes)
+    logits_bytes = TOKENS * 256 * 4  # kept for backward: at least the logits
+    assert all(logits_bytes <= k < max(peaks) for k in kept), (kept, peaks)
     gradients = _gradient_rows(result.stdout)
     assert len(gradients) == 12 and NORM_GROUPS.issubset(gradients)
     assert not any("[differs]" in value for value in gradients.values())
@@ -125,15 +128,16 @@ def test_train_refuses_what_it_cannot_train(swept, tmp_path: Path, monkeypatch,
     assert not list(tmp_path.glob("*.db"))
 
 
-def test_peak_bytes_sees_what_torch_allocates_inside_the_call() -> None:
-    kept = torch.randn(256, 1024)  # live before the call: not counted
+def test_memory_use_sees_what_torch_allocates_inside_the_call() -> None:
+    before = torch.randn(256, 1024)  # live before the call: not counted
 
     def call() -> torch.Tensor:
-        first = kept * 2  # 1 MiB
+        first = before * 2  # 1 MiB
         second = first + 1  # 1 MiB, both live
         del first
-        return second * 3  # 1 MiB, with `second`: still 2 MiB at most
+        return second * 3  # 1 MiB, with `second`: still 2 MiB at most; 1 MiB returned
 
-    peak = peak_bytes(call, torch.device("cpu"))
-    assert 2 * 2**20 <= peak < 2 * 2**20 + 4096
+    use = memory_use(call, torch.device("cpu"))
+    assert 2 * 2**20 <= use.peak < 2 * 2**20 + 4096
+    assert 2**20 <= use.retained < 2**20 + 4096
 

@@ -1,12 +1,14 @@
-"""Peak memory of one call, in bytes the device's torch allocator handed out beyond what was live
-when the call began: activations, gradients, optimizer state created, temporaries.
+"""Memory one call uses, in bytes the device's torch allocator handed out beyond what was live
+when the call began: the most live at once (activations, gradients, optimizer state created,
+temporaries), and what is still live when it returns while its result is held (for a forward that
+returns its loss: the tensors autograd saved for backward, the logits and the loss).
 
 CPU has no allocator statistics, so the call runs under torch.profiler with profile_memory: every
 allocation and free of torch's CPU allocator is an event with its signed size, and the running sum
-of those in time order peaks at the answer. Blocks allocated before the call and freed inside it
+of those in time order gives both figures. Blocks allocated before the call and freed inside it
 are not seen by the profiler, so the caller must not free any (set gradients to None before).
 Python objects, glibc's own overhead and memory outside torch's allocator are not counted. CUDA
-uses the caching allocator's own peak statistics (tensors allocated, not the cache reserved)."""
+uses the caching allocator's own statistics (tensors allocated, not the cache reserved)."""
 
 from __future__ import annotations
 
@@ -15,24 +17,37 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 
-def peak_bytes(call: Callable[[], object], device: torch.device) -> int:
-    """The most bytes live at once during `call` beyond those live when it began."""
+@dataclass(frozen=True)
+class MemoryUse:
+    """Bytes beyond those live when the call began."""
+
+    peak: int  # the most live at once during the call
+    retained: int  # still live when it returned, its result held
+
+
+def memory_use(call: Callable[[], object], device: torch.device) -> MemoryUse:
+    """The call's peak and retained bytes (its result is dropped after they are read)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         start = torch.cuda.memory_allocated(device)
-        call()
+        result = call()
         torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - start
+        use = MemoryUse(torch.cuda.max_memory_allocated(device) - start,
+                        torch.cuda.memory_allocated(device) - start)
+        del result
+        return use
     with _profiler_notices_dropped(), profile(
         activities=[ProfilerActivity.CPU], profile_memory=True
     ) as recorded:
-        call()
+        result = call()
+    del result
     events = sorted(
         (event.start_ns(), event.nbytes()) for event in recorded.profiler.kineto_results.events()
         if event.name() == "[memory]" and event.device_type() == torch.autograd.DeviceType.CPU
@@ -41,7 +56,7 @@ def peak_bytes(call: Callable[[], object], device: torch.device) -> int:
     for _, size in events:
         live += size
         peak = max(peak, live)
-    return peak
+    return MemoryUse(peak, live)
 
 
 @contextmanager

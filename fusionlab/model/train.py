@@ -48,14 +48,19 @@ class Trainer:
         self.model, self.batches, self.seed = model, batches, seed
         self.optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr)
 
+    def forward(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits and the loss of batch `index`, the graph kept for backward."""
+        ids = self.batches[index].to(next(self.model.parameters()).device)
+        torch.manual_seed(self.seed + index)  # the same dropout masks in every copy
+        logits = self.model(ids, use_cache=False).logits
+        return logits, next_token_loss(logits, ids)
+
     def backward(self, index: int) -> torch.Tensor:
         """Forward, loss and backward on batch `index` (gradients set, not accumulated); the
         logits, detached."""
         self.model.zero_grad(set_to_none=True)
-        ids = self.batches[index].to(next(self.model.parameters()).device)
-        torch.manual_seed(self.seed + index)  # the same dropout masks in every copy
-        logits = self.model(ids, use_cache=False).logits
-        next_token_loss(logits, ids).backward()
+        logits, loss = self.forward(index)
+        loss.backward()
         return logits.detach()
 
     def step(self, index: int) -> None:

@@ -18,7 +18,7 @@ from tabulate import tabulate
 from fusionlab.errors import UserError
 from fusionlab.model.bench import StepResult, paired_ratio
 from fusionlab.model.grad_check import GradientGroup, compare_gradients
-from fusionlab.model.peak_memory import peak_bytes
+from fusionlab.model.peak_memory import MemoryUse, memory_use
 from fusionlab.model.plausible import marked
 from fusionlab.model.predict import time_calls
 from fusionlab.model.train import (
@@ -41,8 +41,8 @@ class TrainResult:
     """One training step, unpatched vs patched: times, prediction, peak memory, gradients."""
 
     timing: StepResult  # its max_diff / argmax_agreement: the checked step's logits
-    unpatched_peak: int  # bytes, see fusionlab.model.peak_memory
-    patched_peak: int
+    unpatched: MemoryUse  # peak: of a whole step; retained: kept from forward for backward
+    patched: MemoryUse
     gradients: list[GradientGroup]
     losses: tuple[float, float]  # the checked step's loss, unpatched and patched
 
@@ -97,11 +97,8 @@ def _one_length(handle: PatchHandle, tokens: int, named: bool, runs: int, seed: 
         pair = [(unpatched, unpatched_s), (patched, patched_s)]
         for trainer, samples in pair[::-1] if run % 2 else pair:
             samples.append(_time(trainer, _WARMUP + 1 + run))
-    peaks = []
-    for trainer in (unpatched, patched):
-        trainer.model.zero_grad(set_to_none=True)  # nothing allocated before is freed inside
-        index = len(batches) - 1
-        peaks.append(peak_bytes(lambda t=trainer, i=index: t.step(i), logits_u.device))
+    memory = [_memory(trainer, len(batches) - 1, logits_u.device)
+              for trainer in (unpatched, patched)]
     gain, low, high = paired_ratio(unpatched_s, patched_s)
     timing = StepResult(
         "train" + suffix, 1e3 * statistics.median(unpatched_s), 1e3 * statistics.median(patched_s),
@@ -110,7 +107,17 @@ def _one_length(handle: PatchHandle, tokens: int, named: bool, runs: int, seed: 
         (logits_p.float() - logits_u.float()).abs().max().item(),
         (logits_p.argmax(-1) == logits_u.argmax(-1)).float().mean().item(), runs, calls,
     )
-    return TrainResult(timing, peaks[0], peaks[1], gradients, losses)
+    return TrainResult(timing, memory[0], memory[1], gradients, losses)
+
+
+def _memory(trainer: Trainer, index: int, device: torch.device) -> MemoryUse:
+    """The peak of a whole step, and what its forward keeps for backward (the logits and loss
+    included), on the same batch; gradients set to None first, so that nothing allocated before
+    is freed inside."""
+    trainer.model.zero_grad(set_to_none=True)
+    kept = memory_use(lambda: trainer.forward(index), device).retained
+    step = memory_use(lambda: trainer.step(index), device).peak
+    return MemoryUse(step, kept)
 
 
 def _time(trainer: Trainer, index: int) -> float:
@@ -141,18 +148,21 @@ def render_training(results: list[TrainResult]) -> str:
             f"{r.unpatched_ms:.2f}", f"{r.patched_ms:.2f}",
             marked(f"{r.gain:.3f}x [{r.low:.3f}, {r.high:.3f}]", problems.get("gain", "")),
             ("yes" if r.predicted_inside else "no") if r.calls else "n/a",
-            _mib(result.unpatched_peak), _mib(result.patched_peak),
+            f"{_mib(result.unpatched.retained)} / {_mib(result.patched.retained)}",
+            f"{_mib(result.unpatched.peak)} / {_mib(result.patched.peak)}",
         ])
     header = ["step", "norm share", "predicted (saved -> gain)", "unpatched ms", "patched ms",
-              "measured gain [95% CI]", "inside", "peak MiB unpatched", "peak MiB patched"]
+              "measured gain [95% CI]", "inside", "kept for backward MiB", "peak MiB"]
     lines = [tabulate(table, headers=header, tablefmt="simple", disable_numparse=True)]
     runs = results[0].timing.runs if results else 0
     lines.append(
         f"{runs} alternating training steps (forward, next-token cross-entropy, backward, AdamW) "
         f"per row at {torch.get_num_threads()} thread(s), after {_WARMUP + 1} of each; "
         "predicted = sum over the norm calls of (own - patched forward+backward), paired rounds in "
-        "this run; peak = most bytes the torch allocator held during one step beyond what was "
-        "live before it (activations, gradients, temporaries; not the weights or optimizer state)"
+        "this run; MiB unpatched / patched, of the torch allocator beyond what was live before: "
+        "kept for backward = live after forward and loss (saved tensors, logits); peak = the most "
+        "live during one step (activations, gradients, temporaries; not the weights or the "
+        "optimizer state)"
     )
     for result in results:
         lines += ["", _render_gradients(result)]
