@@ -121,6 +121,12 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--winners", help="a winners file (`fusionlab export OP --format json`)")
     bench.add_argument("--ops", help="comma-separated ops to patch (default: all captured)")
     bench.add_argument("--runs", type=int, default=30, help="alternating runs per step")
+    bench.add_argument(
+        "--train", action="store_true",
+        help="time full training steps (forward, next-token cross-entropy, backward, AdamW) "
+        "patched vs an unpatched copy, with peak memory and every parameter's gradient compared; "
+        "exit code 1 when a gradient differs beyond its tolerance",
+    )
     bench.add_argument("--threads", type=int, help="cpu threads (default: the capture's)")
     _add_plugin(bench)
 

@@ -19,6 +19,8 @@ from fusionlab.model.models import Step, causal_lm_steps_at, module_steps
 from fusionlab.model.patch import patch
 from fusionlab.model.plausible import marked, share_problem
 from fusionlab.model.sources import FactorySource, example_inputs, open_source
+from fusionlab.model.train import check_lengths, trainable_parameters
+from fusionlab.model.train_bench import benchmark_training, gradient_warnings, render_training
 from fusionlab.plan import check_thread_count, load_user_variants
 from fusionlab.registry import get_op
 from fusionlab.report.export import check_writable
@@ -146,16 +148,33 @@ def bench_model_command(args: argparse.Namespace) -> int:
     _set_threads(args.threads if args.threads is not None else found.threads)
     if args.runs < 2:
         raise UserError(f"--runs must be at least 2 (got {args.runs})")
+    if args.train and recipe["inputs"]:
+        raise UserError(
+            f"{args.capture} times the model on --inputs {recipe['inputs']}, not on token ids: "
+            "--train times causal-LM training steps (next-token loss); bench it without --train"
+        )
+    if args.train:
+        check_lengths(recipe["tokens"])
     model, steps = _model_from_recipe(recipe)
+    if args.train:
+        trainable_parameters(model)
     ops = args.ops.split(",") if args.ops else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        handle = patch(model, found, storage=args.storage, winners=args.winners, ops=ops)
+        handle = patch(model, found, storage=args.storage, winners=args.winners, ops=ops,
+                       mode="training" if args.train else "inference")
     for warning in caught:
         if str(warning.message).startswith("fusionlab"):
             _say(f"warning: {warning.message}")
     print(handle.report())
     print()
-    print(render(benchmark(handle, steps, args.runs), handle))
-    return 0
+    if not args.train:
+        print(render(benchmark(handle, steps, args.runs), handle))
+        return 0
+    results = benchmark_training(handle, recipe["tokens"], args.runs, recipe["seed"])
+    print(render_training(results))
+    differ = gradient_warnings(results)
+    for line in differ:
+        _say(f"warning: {line}")
+    return 1 if differ else 0
 

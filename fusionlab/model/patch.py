@@ -127,8 +127,9 @@ class PatchHandle:
 
     def __init__(self, model: nn.Module, modules: list[PatchedModule], rows: list[PatchRow],
                  fused: list[str], capture: Capture, winners_source: dict[str, Any],
-                 skipped: list[SkippedNorm] | None = None) -> None:
+                 skipped: list[SkippedNorm] | None = None, mode: str = "inference") -> None:
         self.model, self.modules, self.rows, self.fused = model, modules, rows, fused
+        self.mode = mode  # "training": every chosen kernel has a backward
         self.skipped = skipped or []  # modules that look like norms and keep their own forward
         self.capture, self.winners_source = capture, winners_source
         self._saved = {m.path: m.module.__dict__.get("forward") for m in modules}
@@ -172,6 +173,13 @@ class PatchHandle:
         from fusionlab.model.bench import benchmark
 
         return benchmark(self, steps, runs)
+
+    def benchmark_training(self, tokens: list[int], runs: int = 20, seed: int = 0) -> Any:
+        """Time training steps patched against an unpatched copy, compare their gradients and
+        peak memory (see fusionlab.model.train_bench)."""
+        from fusionlab.model.train_bench import benchmark_training
+
+        return benchmark_training(self, tokens, runs, seed)
 
 
 def _patched_forward(entry: PatchedModule) -> Callable[..., object]:
@@ -261,7 +269,7 @@ def patch(
     fused = [f"{len(layers)} decoder layer(s) ({layers[0]}, ...): {_FUSION_NOTE}"] if layers else []
     return PatchHandle(model, list(modules.values()), rows, fused, capture,
                        {"storage": storage, "winners": winners, "rank_by": rank_by},
-                       _not_patched(model, set(modules), capture, ops))
+                       _not_patched(model, set(modules), capture, ops), mode)
 
 
 def _not_patched(model: nn.Module, patched: set[str], capture: Capture,
@@ -302,7 +310,7 @@ def _patch_found_norms(model: nn.Module, storage: str | None,
     empty = Capture(type(model).__name__, device, torch.get_num_threads(), [], [])
     return PatchHandle(model, modules, [], [], empty,
                        {"storage": storage, "winners": winners, "rank_by": rank_by},
-                       _not_patched(model, {m.path for m in modules}, empty, ops))
+                       _not_patched(model, {m.path for m in modules}, empty, ops), mode)
 
 
 def _probed_call(path: str, module: nn.Module, op: str) -> NormCall:

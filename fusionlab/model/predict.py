@@ -1,7 +1,9 @@
 """Predict a patch's end-to-end saving from the calls the model makes: each captured norm module
 is called as the model calls it (`module(x)`: the module call, the patched table lookup, the
 kernel) at its captured keys, its own forward against the patched one in paired interleaved
-rounds. Modules of one class at one key with one chosen variant are timed once, on one of them."""
+rounds (for a training step: the call and its backward to the input and the module's
+parameters). Modules of one class at one key with one chosen variant are timed once, on one of
+them."""
 
 from __future__ import annotations
 
@@ -35,14 +37,17 @@ class CallTiming:
     saving_us: float  # median of the paired per-round differences (own - patched)
 
 
-def time_calls(handle: PatchHandle, step: str, rounds: int = 15) -> list[CallTiming]:
+def time_calls(handle: PatchHandle, step: str, rounds: int = 15,
+               train: bool = False) -> list[CallTiming]:
     """Time every group of the step's captured module calls, unpatched and patched, in `rounds`
-    paired rounds (the order alternates each round); the handle is left patched."""
+    paired rounds (the order alternates each round), forward only or with `train` forward and
+    backward; the handle is left patched."""
     groups = _groups(handle, step)
     own: dict[tuple[str, str, str], list[float]] = {g: [] for g in groups}
     patched: dict[tuple[str, str, str], list[float]] = {g: [] for g in groups}
-    calls = {g: _bound_call(module, x) for g, (module, x, _) in groups.items()}
-    with torch.no_grad():
+    bind = _bound_training_call if train else _bound_call
+    calls = {g: bind(module, x) for g, (module, x, _) in groups.items()}
+    with torch.set_grad_enabled(train):
         loops = {g: _loops(call) for g, call in calls.items()}
         for round_index in range(rounds):
             order = [(handle.undo, own), (handle.redo, patched)]
@@ -81,6 +86,16 @@ def _groups(handle: PatchHandle, step: str
 
 def _bound_call(module: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     return lambda: module(x)
+
+
+def _bound_training_call(module: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    """module(x) and the gradients of its input and parameters from a fixed upstream gradient
+    (returned, not accumulated into `.grad`)."""
+    x = x.detach().requires_grad_()
+    inputs = [x, *(p for p in module.parameters() if p.requires_grad)]
+    generator = torch.Generator().manual_seed(1)
+    upstream = torch.randn(x.shape, generator=generator).to(x.dtype).to(x.device)
+    return lambda: torch.autograd.grad(module(x), inputs, upstream)
 
 
 def _sync() -> None:

@@ -43,3 +43,8 @@ def raises() -> nn.Module:
 
 def not_a_module() -> int:
     return 42
+
+
+def frozen_llama() -> nn.Module:
+    """A causal LM with every parameter frozen: nothing for a training step to update."""
+    return llama().requires_grad_(False)
