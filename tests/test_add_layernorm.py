@@ -26,6 +26,7 @@ from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_variant
 from fusionlab.report.winners import cell_winner
+from fusionlab.toolchain import _source_files
 
 _UNAVAILABLE = cpu_cpp.unavailable_reason()
 needs_cpp = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")
@@ -142,6 +143,16 @@ def test_nki_kernel_in_the_numpy_model_of_nki(shape, dtype, lnc, params) -> None
     assert all((reads == 1).all() for reads in result.input_reads[:2])
     assert all((writes == 1).all() for writes in result.output_writes)
     assert max(result.sbuf_peak) <= plan.sbuf_bytes <= plan.budget
+
+
+def test_results_follow_the_shared_sources_the_kernels_are_built_from() -> None:
+    """Editing layernorm's Welford header or rmsnorm's CPU helpers makes add_layernorm's stored
+    results stale (a new toolchain id), as editing its own folder does."""
+    kernels = Path(cpu_cpp.__file__).parents[1]
+    sources = set(_source_files(ADD_LAYERNORM))
+    for shared in ("layernorm/csrc/welford_moments.h", "rmsnorm/csrc/cpu_norm_common.h",
+                   "add_layernorm/csrc/add_layernorm_cpu.cpp"):
+        assert (kernels / shared).resolve() in sources, shared
 
 
 def test_nki_kernel_rejects_a_hidden_whose_fp32_sum_cannot_stay_in_sbuf() -> None:
