@@ -4,8 +4,8 @@ inputs, which is how tests/test_custom_ops.py gradchecks it) from the saved inpu
 rounding of the normalised row is passed straight through, as autograd does for `.to(dtype)`.
 
 The C++ ops' autograd kernels are C++ (no Python on their forward path) and call the backward
-ops registered here, `fusionlab::{rms_norm,layer_norm,add_rms_norm}_backward`, so each formula
-exists once."""
+ops registered here, `fusionlab::{rms_norm,layer_norm,add_rms_norm,add_layer_norm}_backward`, so
+each formula exists once."""
 
 from __future__ import annotations
 
@@ -78,6 +78,28 @@ def add_rms_norm_grads(
     return grad_total, grad_weight
 
 
+def add_layer_norm_grads(
+    grad_y: torch.Tensor | None,
+    grad_residual_out: torch.Tensor | None,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dL/dsum, dL/dweight, dL/dbias) of (layernorm(x + residual), x + residual): dL/dx =
+    dL/dresidual = dL/dsum, the sum recomputed in fp32 (float64 for float64 inputs)."""
+    dtype = _compute_dtype(x)
+    total = x.to(dtype) + residual.to(dtype)
+    grad_total = torch.zeros_like(total)
+    grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+    grad_bias = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+    if grad_y is not None:
+        grad_total, grad_weight, grad_bias = layer_norm_grads(grad_y, total, weight, eps)
+    if grad_residual_out is not None:
+        grad_total = grad_total + grad_residual_out.to(dtype)
+    return grad_total, grad_weight, grad_bias
+
+
 def empty_like_rows(x: torch.Tensor) -> torch.Tensor:
     """A new contiguous tensor of x's shape, dtype and device: what every norm kernel returns."""
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -128,3 +150,21 @@ def _(grad_y: torch.Tensor, grad_residual_out: torch.Tensor, x: torch.Tensor,
       residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float,
       round_sum: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return empty_like_rows(x), empty_like_rows(weight)
+
+
+@torch.library.custom_op("fusionlab::add_layer_norm_backward", mutates_args=())
+def add_layer_norm_backward(grad_y: torch.Tensor, grad_residual_out: torch.Tensor,
+                            x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            bias: torch.Tensor, eps: float
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dL/dsum, dL/dweight, dL/dbias), dL/dsum in x's dtype: both dL/dx and dL/dresidual."""
+    grad_total, grad_weight, grad_bias = add_layer_norm_grads(grad_y, grad_residual_out, x,
+                                                              residual, weight, eps)
+    return grad_total.to(x.dtype), grad_weight.to(weight.dtype), grad_bias.to(bias.dtype)
+
+
+@add_layer_norm_backward.register_fake
+def _(grad_y: torch.Tensor, grad_residual_out: torch.Tensor, x: torch.Tensor,
+      residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+      eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return empty_like_rows(x), empty_like_rows(weight), empty_like_rows(bias)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fusionlab.kernels import cpp_build
+from fusionlab.kernels.add_layernorm import cpu_cpp as add_layer
 from fusionlab.kernels.add_rmsnorm import cpu_cpp as add_rms
 from fusionlab.kernels.layernorm import cpu_cpp as layer
 from fusionlab.kernels.rmsnorm import cpu_cpp as rms
@@ -64,6 +65,18 @@ def _loaded():
 @pytest.mark.parametrize("shape", SHAPES)
 def test_store_kinds_match_float64(shape, dtype, store):
     run_all(shape, dtype, store)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("store", ["auto", "plain", "stream"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_layernorm_store_kinds_match_float64(shape, dtype, store):
+    add_layer.load_extension()
+    xv, rv, w, b = _inputs(shape, dtype)
+    out, res = add_layer.add_layer_norm_cpp(xv, rv, w, b, EPS, 1, store=store)
+    s64 = xv.double() + rv.double()
+    _check(res, s64)
+    _check(out, torch.nn.functional.layer_norm(s64, (s64.shape[-1],), w.double(), b.double(), EPS))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

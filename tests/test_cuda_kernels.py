@@ -20,6 +20,7 @@ DEFAULT_SHAPES = {
     "rmsnorm": [(1, 4096), (32, 4096), (512, 4096), (2048, 8192)],
     "layernorm": [(1, 4096), (32, 4096), (512, 4096), (2048, 8192)],
     "add_rmsnorm": [(1, 4096), (128, 4096), (2048, 4096), (2048, 8192)],
+    "add_layernorm": [(128, 4096), (2048, 8192)],  # two shapes: the device check has a budget
 }
 TOLERANCES = {"float32": 1e-4, "bfloat16": 1.6e-2}
 # Quack's _for_hopper_fwd and Liger's calculate_settings, as (rows_per_program, threads_per_row).
@@ -63,6 +64,7 @@ def _view(t: torch.Tensor, view: str) -> torch.Tensor:
 
 def _run_case(op, shape, dtype_name, cfg, view) -> float:
     """Worst |error| / (tol + tol * |ref|) of one case; <= 1 passes."""
+    from fusionlab.kernels.add_layernorm import triton_kernel as add_ln
     from fusionlab.kernels.add_rmsnorm import triton_kernel as add
     from fusionlab.kernels.layernorm import triton_kernel as ln
     from fusionlab.kernels.rmsnorm import triton_kernel as rms
@@ -85,13 +87,18 @@ def _run_case(op, shape, dtype_name, cfg, view) -> float:
     def rms64(v):
         return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
 
+    def ln64(v):
+        mean = v.mean(-1, keepdim=True)
+        var = (v - mean).pow(2).mean(-1, keepdim=True)
+        return (v - mean) * torch.rsqrt(var + 1e-5) * w64 + b.double()
+
     if op == "rmsnorm":
         pairs = [(rms.rms_norm_triton(x, w, 1e-6, **params), rms64(x64))]
     elif op == "layernorm":
-        mean = x64.mean(-1, keepdim=True)
-        var = (x64 - mean).pow(2).mean(-1, keepdim=True)
-        ref = (x64 - mean) * torch.rsqrt(var + 1e-5) * w64 + b.double()
-        pairs = [(ln.layer_norm_triton(x, w, b, 1e-5, **params), ref)]
+        pairs = [(ln.layer_norm_triton(x, w, b, 1e-5, **params), ln64(x64))]
+    elif op == "add_layernorm":
+        out, res = add_ln.add_layer_norm_triton(x, r, w, b, 1e-5, **params)
+        pairs = [(out, ln64(x64 + r64)), (res, x64 + r64)]
     else:
         fn = add.add_rms_norm_triton_ if op == "add_rmsnorm_" else add.add_rms_norm_triton
         out, res = fn(x, r, w, 1e-6, **params)  # the references were taken before

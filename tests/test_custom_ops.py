@@ -17,6 +17,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fusionlab.kernels import norm_grads
+from fusionlab.kernels.add_layernorm import cpu_cpp as add_ln_cpp
+from fusionlab.kernels.add_layernorm.spec import add_layer_norm_float64
 from fusionlab.kernels.add_rmsnorm import cpu_cpp as add_cpp
 from fusionlab.kernels.add_rmsnorm.spec import add_rms_norm_float64_with
 from fusionlab.kernels.layernorm import cpu_cpp as ln_cpp
@@ -46,7 +48,7 @@ def _inputs(n: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> list[t
 @pytest.fixture(scope="module")
 def loaded() -> None:
     if _UNAVAILABLE is None:
-        for module in (rms_cpp, ln_cpp, add_cpp):
+        for module in (rms_cpp, ln_cpp, add_cpp, add_ln_cpp):
             module.load_extension()
 
 
@@ -65,6 +67,7 @@ CPP_OPCHECK = [
     ("add_rms_norm_cpu", 2, ()),
     ("add_rms_norm_cpu", 2, ("llama", 0.5)),
     ("add_rms_norm_cpu_", 2, ()),
+    ("add_layer_norm_cpu", 2, "bias"),
 ]
 
 
@@ -104,6 +107,7 @@ CPP_VARIANTS = [
     ("add_rmsnorm", "cpp", 2, False, Numerics("llama")),
     ("add_rmsnorm", "cpp-inplace", 2, False, None),
     ("add_rmsnorm", "cpp-inplace", 2, False, Numerics("gemma", 1.0)),
+    ("add_layernorm", "cpp", 2, True, None),
 ]
 
 
@@ -132,8 +136,13 @@ def test_compiling_a_module_that_calls_a_cpp_op_has_no_graph_break(
 
 # --- fake kernels ---------------------------------------------------------------------------------
 
+TRITON_OPS = ["rms_norm_triton", "layer_norm_triton", "add_rms_norm_triton", "add_rms_norm_triton_",
+              "add_layer_norm_triton"]
+
+
 def _triton_ops() -> dict[str, tuple[Callable, int, bool]]:
     pytest.importorskip("triton")
+    from fusionlab.kernels.add_layernorm import triton_kernel as add_ln_triton
     from fusionlab.kernels.add_rmsnorm import triton_kernel as add_triton
     from fusionlab.kernels.layernorm import triton_kernel as ln_triton
     from fusionlab.kernels.rmsnorm import triton_kernel as rms_triton
@@ -143,12 +152,11 @@ def _triton_ops() -> dict[str, tuple[Callable, int, bool]]:
         "layer_norm_triton": (ln_triton.layer_norm_triton, 1, True),
         "add_rms_norm_triton": (add_triton.add_rms_norm_triton, 2, False),
         "add_rms_norm_triton_": (add_triton.add_rms_norm_triton_, 2, False),
+        "add_layer_norm_triton": (add_ln_triton.add_layer_norm_triton, 2, True),
     }
 
 
-@pytest.mark.parametrize(
-    "name", ["rms_norm_triton", "layer_norm_triton", "add_rms_norm_triton", "add_rms_norm_triton_"]
-)
+@pytest.mark.parametrize("name", TRITON_OPS)
 def test_triton_fake_kernels_give_the_real_outputs_shape_dtype_and_device(name):
     fn, n_x, has_bias = _triton_ops()[name]
     *xs, weight, bias = _inputs(n_x, torch.bfloat16)
@@ -163,9 +171,7 @@ def test_triton_fake_kernels_give_the_real_outputs_shape_dtype_and_device(name):
         assert (f.shape, f.dtype, f.device) == (r.shape, r.dtype, r.device)
 
 
-@pytest.mark.parametrize(
-    "name", ["rms_norm_triton", "layer_norm_triton", "add_rms_norm_triton", "add_rms_norm_triton_"]
-)
+@pytest.mark.parametrize("name", TRITON_OPS)
 def test_triton_ops_pass_opcheck_in_the_interpreter(name):
     _fn, n_x, has_bias = _triton_ops()[name]
     op = getattr(torch.ops.fusionlab, name).default
@@ -176,13 +182,14 @@ def test_triton_ops_pass_opcheck_in_the_interpreter(name):
     torch.library.opcheck(op, (*tensors, EPS), TRITON)
 
 
-@pytest.mark.parametrize("name", ["rms_norm_triton", "add_rms_norm_triton_"])
+@pytest.mark.parametrize("name", ["rms_norm_triton", "add_rms_norm_triton_",
+                                  "add_layer_norm_triton"])
 def test_compiling_a_module_that_calls_a_triton_op_has_no_graph_break(name):
-    fn, n_x, _ = _triton_ops()[name]
-    *xs, weight, _bias = _inputs(n_x)
+    fn, n_x, has_bias = _triton_ops()[name]
+    *xs, weight, bias = _inputs(n_x)
     block = _Block(functools.partial(fn, **TRITON), n_x)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(block)(*xs, weight)
+    explained = torch._dynamo.explain(block)(*xs, weight, *((bias,) if has_bias else ()))
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
@@ -230,10 +237,25 @@ class _AddRMSNormFloat64(torch.autograd.Function):
         return grad_total, grad_total, grad_weight
 
 
+class _AddLayerNormFloat64(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, residual, weight, bias):
+        ctx.save_for_backward(x, residual, weight)
+        return add_layer_norm_float64(x, residual, weight, bias, EPS)
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_residual_out):
+        x, residual, weight = ctx.saved_tensors
+        grad_total, grad_weight, grad_bias = norm_grads.add_layer_norm_grads(
+            grad_y, grad_residual_out, x, residual, weight, EPS
+        )
+        return grad_total, grad_total, grad_weight, grad_bias
+
+
 @pytest.mark.parametrize(
     ("function", "n_tensors", "extra"),
     [(_RMSNormFloat64, 2, (0.0,)), (_RMSNormFloat64, 2, (1.0,)), (_LayerNormFloat64, 3, ()),
-     (_AddRMSNormFloat64, 3, ())],
+     (_AddRMSNormFloat64, 3, ()), (_AddLayerNormFloat64, 4, ())],
 )
 def test_backward_formulas_pass_gradcheck_in_float64(function, n_tensors, extra):
     g = torch.Generator().manual_seed(1)
@@ -242,6 +264,8 @@ def test_backward_formulas_pass_gradcheck_in_float64(function, n_tensors, extra)
     tensors.append(1 + 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64))
     if function is _LayerNormFloat64:  # x, weight, bias
         tensors = [tensors[0], tensors[1][0], tensors[2]]
+    if function is _AddLayerNormFloat64:  # x, residual (mean 3), weight, bias
+        tensors = [tensors[0], tensors[1] + 3.0, tensors[2][0], tensors[3]]
     tensors = [t.requires_grad_() for t in tensors]
     assert torch.autograd.gradcheck(lambda *t: function.apply(*t, *extra), tensors)
 
@@ -307,8 +331,20 @@ def test_cpp_layernorm_gradients_match_the_float64_reference(loaded, dtype):
     _assert_grads_close(got, want, dtype)
 
 
+@needs_cpp
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["rms_norm_triton", "layer_norm_triton", "add_rms_norm_triton"])
+def test_cpp_add_layernorm_gradients_match_the_float64_reference(loaded, dtype):
+    x, residual, weight, bias = _inputs(2, dtype)
+    kernel = _variant_kernel("add_layernorm", "cpp", rows_per_task=4)
+    got = _grads(lambda x, r, w, b: kernel(x, r, w, b, EPS), [x, residual, weight, bias])
+    want = _grads(lambda x, r, w, b: add_layer_norm_float64(x, r, w, b, EPS),
+                  [x.double(), residual.double(), weight.double(), bias.double()])
+    _assert_grads_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["rms_norm_triton", "layer_norm_triton", "add_rms_norm_triton",
+                                  "add_layer_norm_triton"])
 def test_triton_gradients_match_the_float64_reference(name, dtype):
     fn, n_x, has_bias = _triton_ops()[name]
     *xs, weight, bias = _inputs(n_x, dtype)
@@ -319,6 +355,7 @@ def test_triton_gradients_match_the_float64_reference(name, dtype):
         "layer_norm_triton": lambda x, w, b: torch.nn.functional.layer_norm(
             x, x.shape[-1:], w, b, EPS),
         "add_rms_norm_triton": lambda x, r, w: add_rms_norm_float64_with(x, r, w, EPS, Numerics()),
+        "add_layer_norm_triton": lambda x, r, w, b: add_layer_norm_float64(x, r, w, b, EPS),
     }
     want = _grads(references[name], [t.double() for t in tensors])
     _assert_grads_close(got, want, dtype)
@@ -338,7 +375,9 @@ def test_in_place_variants_declare_no_autograd_and_the_registry_refuses_one_that
 
 
 @needs_cpp
-@pytest.mark.parametrize("op_name", ["rms_norm_cpu", "layer_norm_cpu", "add_rms_norm_cpu"])
+@pytest.mark.parametrize(
+    "op_name", ["rms_norm_cpu", "layer_norm_cpu", "add_rms_norm_cpu", "add_layer_norm_cpu"]
+)
 def test_cpp_autograd_kernels_are_cpp_so_inference_calls_run_no_python(loaded, op_name):
     """The Autograd kernel is registered from the C++ source (a Python one would be entered on
     every call, gradients or not), and a call without gradients records no graph."""
@@ -347,7 +386,7 @@ def test_cpp_autograd_kernels_are_cpp_so_inference_calls_run_no_python(loaded, o
     assert autograd_lines and all(".cpp" in line for line in autograd_lines), dump
     n_x = 2 if op_name.startswith("add") else 1
     *xs, weight, bias = _inputs(n_x)
-    tensors = (*xs, weight, *((bias,) if op_name.startswith("layer") else ()))
+    tensors = (*xs, weight, *((bias,) if "layer" in op_name else ()))
     outputs = getattr(torch.ops.fusionlab, op_name).default(*tensors, EPS, 4)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     assert all(o.grad_fn is None for o in outputs)

@@ -18,7 +18,10 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
 }
 
 _SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
-_HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+_HEADERS = (
+    Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",
+    Path(__file__).parent / "csrc" / "welford_moments.h",
+)
 OP_NAME = "fusionlab::layer_norm_cpu"
 _op: Callable[..., torch.Tensor] | None = None
 

@@ -23,15 +23,22 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
     return (*(t.to(device=device, dtype=dtype) for t in (x, weight, bias)), EPS)
 
 
-def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+def layer_norm_float64(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> torch.Tensor:
     """LayerNorm in float64 on the CPU (biased variance, as torch.nn.functional.layer_norm)."""
+    x64, w64, b64 = (t.to("cpu", torch.float64) for t in (x, weight, bias))
+    mean = x64.mean(-1, keepdim=True)
+    variance = (x64 - mean).square().mean(-1, keepdim=True)
+    return (x64 - mean) * torch.rsqrt(variance + eps) * w64 + b64
+
+
+def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """LayerNorm in float64 on the CPU."""
     x, weight, bias, eps = inputs
     assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
     assert isinstance(bias, torch.Tensor)
-    x64, w64, b64 = (t.detach().to("cpu", torch.float64) for t in (x, weight, bias))
-    mean = x64.mean(-1, keepdim=True)
-    variance = (x64 - mean).square().mean(-1, keepdim=True)
-    return ((x64 - mean) * torch.rsqrt(variance + float(eps)) * w64 + b64,)  # type: ignore[arg-type]
+    return (layer_norm_float64(x.detach(), weight.detach(), bias.detach(), float(eps)),)  # type: ignore[arg-type]
 
 
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:

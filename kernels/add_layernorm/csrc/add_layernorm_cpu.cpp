@@ -1,0 +1,212 @@
+// Residual add fused with LayerNorm for CPU: s = x + residual, formed in fp32;
+// res = s stored in x's dtype; out = (s - mean) * rsqrt(var + eps) * weight + bias, the
+// statistics taken from the fp32 sum (biased variance), as add_rmsnorm takes its from the fp32 sum.
+// Two passes per row: one read of x and residual for the Welford mean and variance of their sum
+// (../../layernorm/csrc/welford_moments.h), then a second read that the cache serves, writing both
+// results. `store` picks plain or non-temporal stores (StoreKind). Out of place only.
+// Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
+
+#include "cpu_norm_common.h"
+#include "welford_moments.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <string>
+#include <tuple>
+
+namespace {
+
+using namespace fusionlab_cpu;
+
+struct Rows {
+  int64_t rows, hidden, x_stride, r_stride;
+};
+
+// x_next and r_next are the rows processed after this one (or these): prefetched during pass 2.
+template <bool kStream, typename T>
+void add_layer_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, const float* w,
+                        const float* b, T* out, T* res, int64_t n, float eps) {
+  const SumOf<T> sum{x, r};
+  const Moments moments = row_moments(sum, n);
+  const float mean = static_cast<float>(moments.mean);
+  const float rstd = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
+  const fVec vmean(mean), vrstd(rstd);
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    prefetch_block(x_next + i);
+    prefetch_block(r_next + i);
+    fVec lo, hi;
+    sum.block(i, lo, hi);
+    store_block<kStream>(res + i, lo, hi);
+    // (s - mean) first: exact when s is near the mean, where s*rstd - mean*rstd would cancel.
+    const fVec y_lo = at::vec::fmadd((lo - vmean) * vrstd, fVec::loadu(w + i), fVec::loadu(b + i));
+    const fVec y_hi = at::vec::fmadd((hi - vmean) * vrstd, fVec::loadu(w + i + fVec::size()),
+                                     fVec::loadu(b + i + fVec::size()));
+    store_block<kStream>(out + i, y_lo, y_hi);
+  }
+  for (; i < n; ++i) {
+    const float s = sum.at(i);
+    res[i] = static_cast<T>(s);
+    out[i] = static_cast<T>((s - mean) * rstd * w[i] + b[i]);
+  }
+}
+
+// rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
+// threads (none for rows <= rows_per_task).
+template <bool kStream, typename T>
+void add_layer_norm_rows(const T* x, const T* r, const float* w, const float* b, T* out, T* res,
+                         const Rows& g, float eps, int64_t rows_per_task) {
+  at::parallel_for(0, g.rows, rows_per_task, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const T* x_row = x + row * g.x_stride;
+      const T* r_row = r + row * g.r_stride;
+      const bool last = row + 1 >= end;
+      add_layer_norm_row<kStream>(x_row, r_row, last ? x_row : x_row + g.x_stride,
+                                  last ? r_row : r_row + g.r_stride, w, b,
+                                  out + row * g.hidden, res + row * g.hidden, g.hidden, eps);
+    }
+    if constexpr (kStream) {
+      stream_fence();
+    }
+  });
+}
+
+void check_arguments(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                     const at::Tensor& bias, double eps, int64_t rows_per_task) {
+  const char* op = "fusionlab::add_layer_norm_cpu";
+  TORCH_CHECK(x.device().is_cpu() && residual.device().is_cpu() && weight.device().is_cpu() &&
+                  bias.device().is_cpu(),
+              op, ": x, residual, weight and bias must be CPU tensors, got ", x.device(), ", ",
+              residual.device(), ", ", weight.device(), " and ", bias.device());
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dim");
+  TORCH_CHECK(residual.sizes() == x.sizes(), op, ": residual must have x's shape ", x.sizes(),
+              ", got ", residual.sizes());
+  const int64_t hidden = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden && bias.dim() == 1 &&
+                  bias.size(0) == hidden,
+              op, ": weight and bias must be 1-D of size ", hidden, " (x.size(-1)), got shapes ",
+              weight.sizes(), " and ", bias.sizes());
+  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()) &&
+                  is_supported_dtype(bias.scalar_type()),
+              op, ": dtypes must be float32, bfloat16 or float16, got x ", x.scalar_type(),
+              ", weight ", weight.scalar_type(), " and bias ", bias.scalar_type());
+  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), op,
+              ": residual must have x's dtype ", x.scalar_type(), ", got ",
+              residual.scalar_type());
+  TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
+  TORCH_CHECK(rows_per_task >= 1, op, ": rows_per_task must be >= 1, got ", rows_per_task);
+}
+
+std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(
+    const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+    const at::Tensor& bias, double eps, int64_t rows_per_task, c10::string_view store) {
+  check_arguments(x, residual, weight, bias, eps, rows_per_task);
+  const StoreKind store_kind = parse_store(store, "fusionlab::add_layer_norm_cpu");
+  // Allocated without the dispatcher so a profiled call is a single op record.
+  at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  if (x.numel() == 0) {
+    return {out, res};
+  }
+  const int64_t hidden = x.size(-1);
+  const std::optional<int64_t> x_stride = uniform_row_stride(x);
+  const std::optional<int64_t> r_stride = uniform_row_stride(residual);
+  const at::Tensor x_src = x_stride ? x : x.contiguous();
+  const at::Tensor r_src = r_stride ? residual : residual.contiguous();
+  const Rows g{x.numel() / hidden, hidden, x_stride.value_or(hidden), r_stride.value_or(hidden)};
+
+  const at::Tensor w_in = weight.contiguous(), b_in = bias.contiguous();
+  std::vector<float> w_widened, b_widened;
+  const float* w = widen_to_float(w_in, w_widened);
+  const float* b = widen_to_float(b_in, b_widened);
+  const float eps_f = static_cast<float>(eps);
+  AT_DISPATCH_V2(x.scalar_type(), "add_layer_norm_cpu", AT_WRAP([&] {
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
+    const int64_t size = sizeof(scalar_t);
+    const bool stream = should_stream(out_ptr, hidden, size, out.nbytes(), store_kind) &&
+                        should_stream(res_ptr, hidden, size, res.nbytes(), store_kind);
+    (stream ? add_layer_norm_rows<true, scalar_t> : add_layer_norm_rows<false, scalar_t>)(
+        x_src.const_data_ptr<scalar_t>(), r_src.const_data_ptr<scalar_t>(), w, b, out_ptr,
+        res_ptr, g, eps_f, rows_per_task);
+  }), at::kFloat, at::kBFloat16, at::kHalf);
+  return {out, res};
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Pair = std::tuple<at::Tensor, at::Tensor>;
+
+const auto& forward_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fusionlab::add_layer_norm_cpu", "")
+          .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      double, int64_t, c10::string_view)>();
+  return op;
+}
+
+class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& residual, const at::Tensor& weight,
+                               const at::Tensor& bias, double eps, int64_t rows_per_task,
+                               const std::string& store, c10::DispatchKeySet below) {
+    ctx->save_for_backward({x, residual, weight, bias});
+    ctx->saved_data["eps"] = eps;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, res] =
+        forward_op().redispatch(below, x, residual, weight, bias, eps, rows_per_task, store);
+    return {out, res};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw,
+    // dL/db.
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::add_layer_norm_backward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                const at::Tensor&, const at::Tensor&, double)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_total, grad_weight, grad_bias] =
+        backward_op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],
+                         ctx->saved_data["eps"].toDouble());
+    return {grad_total, grad_total, grad_weight, grad_bias, {}, {}, {}, {}};
+  }
+};
+
+// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+Pair add_layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                 const at::Tensor& residual, const at::Tensor& weight,
+                                 const at::Tensor& bias, double eps, int64_t rows_per_task,
+                                 c10::string_view store) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, residual, weight, bias)) {
+    return forward_op().redispatch(below, x, residual, weight, bias, eps, rows_per_task, store);
+  }
+  variable_list outputs = AddLayerNormFunction::apply(x, residual, weight, bias, eps,
+                                                      rows_per_task, std::string(store), below);
+  return {outputs[0], outputs[1]};
+}
+
+}  // namespace
+
+// FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
+TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
+  m.def("add_layer_norm_cpu(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps, "
+        "int rows_per_task, str store=\"auto\") -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
+  m.impl("add_layer_norm_cpu", &add_layer_norm_cpu);
+}
+
+TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
+  m.impl("add_layer_norm_cpu", &add_layer_norm_cpu_autograd);
+}

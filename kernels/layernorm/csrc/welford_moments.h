@@ -1,0 +1,121 @@
+// Row mean and variance by Welford's update, shared by the LayerNorm kernels (layernorm,
+// add_layernorm): one read of the row, all statistics in fp32 vectors merged in fp64.
+//
+// Why Welford: the one-pass alternative, var = E[x^2] - E[x]^2 from plain fp32 sums, cancels
+// catastrophically once |mean| >> std (hidden states with large offsets or outlier channels): its
+// relative error grows like 2^-24 * (mean/std)^2. Welford's update keeps a running mean and the
+// centred sum of squares M2, so the error stays O(n * 2^-24) whatever the mean, in the same single
+// read. It runs per SIMD lane over four independent chains (the latency of the mean update is
+// hidden), and chains, lanes and the scalar tail are merged with Chan et al.'s pairwise formula,
+// as ATen's own RowwiseMoments does (aten/src/ATen/native/cpu/moments_utils.h).
+#pragma once
+
+#include "cpu_norm_common.h"
+
+#include <cstdint>
+
+namespace fusionlab_cpu {
+
+struct Moments {
+  double count = 0.0;
+  double mean = 0.0;
+  double m2 = 0.0;  // sum of squared deviations from mean
+};
+
+// Chan, Golub and LeVeque's pairwise merge of two partial results.
+inline Moments merge(const Moments& a, const Moments& b) {
+  if (b.count == 0.0) {
+    return a;
+  }
+  const double count = a.count + b.count;
+  const double delta = b.mean - a.mean;
+  return {count, a.mean + delta * (b.count / count),
+          a.m2 + b.m2 + delta * delta * (a.count * b.count / count)};
+}
+
+inline void welford_step(const fVec& v, const fVec& inv_count, fVec& mean, fVec& m2) {
+  const fVec delta = v - mean;
+  mean = at::vec::fmadd(delta, inv_count, mean);
+  m2 = at::vec::fmadd(delta, v - mean, m2);
+}
+
+// A row read as fp32 blocks: one tensor's row, or (add_layernorm) the fp32 sum of two rows.
+template <typename T>
+struct RowOf {
+  const T* x;
+  void block(int64_t i, fVec& lo, fVec& hi) const { load_block(x + i, lo, hi); }
+  float at(int64_t i) const { return static_cast<float>(x[i]); }
+};
+
+template <typename T>
+struct SumOf {
+  const T* x;
+  const T* r;
+  void block(int64_t i, fVec& lo, fVec& hi) const {
+    fVec r_lo, r_hi;
+    load_block(x + i, lo, hi);
+    load_block(r + i, r_lo, r_hi);
+    lo = lo + r_lo, hi = hi + r_hi;
+  }
+  float at(int64_t i) const { return static_cast<float>(x[i]) + static_cast<float>(r[i]); }
+};
+
+// Mean and M2 of the n values `row` yields, reading each block once.
+template <typename Row>
+Moments row_moments(const Row& row, int64_t n) {
+  constexpr int64_t kLanes = fVec::size();
+  fVec mean[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+  fVec m2[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+  int64_t steps = 0;
+  int64_t i = 0;
+  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
+    ++steps;
+    const fVec inv_count(1.f / static_cast<float>(steps));
+    fVec a, b, c, d;
+    row.block(i, a, b);
+    row.block(i + kBlock, c, d);
+    welford_step(a, inv_count, mean[0], m2[0]);
+    welford_step(b, inv_count, mean[1], m2[1]);
+    welford_step(c, inv_count, mean[2], m2[2]);
+    welford_step(d, inv_count, mean[3], m2[3]);
+  }
+  Moments total;
+  if (steps > 0) {
+    // Every lane of every chain saw `steps` values, so the merges are equal-count ones: the mean
+    // of the means, and M2 = sum of M2s + steps * sum of squared deviations of the means. Both
+    // sum non-negative terms (no cancellation), so fp32 vectors suffice and no division is needed.
+    const auto add = [](const fVec& u, const fVec& v) { return u + v; };
+    const fVec lane_mean = ((mean[0] + mean[1]) + (mean[2] + mean[3])) * fVec(0.25f);
+    fVec lane_m2 = (m2[0] + m2[1]) + (m2[2] + m2[3]);
+    fVec spread(0.f);
+    for (const fVec& m : mean) {
+      spread = at::vec::fmadd(m - lane_mean, m - lane_mean, spread);
+    }
+    lane_m2 = at::vec::fmadd(spread, fVec(static_cast<float>(steps)), lane_m2);
+    const float row_mean = at::vec::vec_reduce_all<float>(add, lane_mean) / kLanes;
+    const fVec deviation = lane_mean - fVec(row_mean);
+    const float lanes_spread = at::vec::vec_reduce_all<float>(add, deviation * deviation);
+    total.count = static_cast<double>(steps * 4 * kLanes);
+    total.mean = row_mean;
+    total.m2 = static_cast<double>(at::vec::vec_reduce_all<float>(add, lane_m2)) +
+               4.0 * static_cast<double>(steps) * lanes_spread;
+  }
+  // The tail (under 2 * kBlock elements): exact two-pass moments in fp64, then one merge.
+  if (i < n) {
+    Moments tail;
+    tail.count = static_cast<double>(n - i);
+    double sum = 0.0;
+    for (int64_t j = i; j < n; ++j) {
+      sum += static_cast<double>(row.at(j));
+    }
+    tail.mean = sum / tail.count;
+    for (int64_t j = i; j < n; ++j) {
+      const double d = static_cast<double>(row.at(j)) - tail.mean;
+      tail.m2 += d * d;
+    }
+    total = merge(total, tail);
+  }
+  return total;
+}
+
+}  // namespace fusionlab_cpu
