@@ -14,7 +14,7 @@ from conftest import PLUGINS, cpu_cell
 
 from fusionlab.measure import events, integrity
 from fusionlab.measure.rounds import RoundsTask, StopRule
-from fusionlab.measure.timing import TimedLoop, TimingSettings, draw
+from fusionlab.measure.timing import Gaps, TimedLoop, TimingSettings, draw
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
@@ -91,6 +91,26 @@ def test_cpu_time_beyond_the_cells_threads_is_suspicious() -> None:
     reason = TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=1).threads_reason()
     assert reason is not None and "cell of 1 thread" in reason
     assert TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=2).threads_reason() is None
+
+
+def test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost() -> None:
+    """CPU time in the gaps beyond the harness's own cost (plus a share of the timed windows') is
+    suspicious; so is a median gap far longer than the harness's work, but not a few long gaps
+    (another process on a busy machine) nor gaps short beside long windows."""
+    windows = [1_000_000] * 9
+    honest = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000,
+                  walls_ns=[20_000] * 6 + [9_000_000] * 2, windows_ns=windows,
+                  harness_cpu_ns=10_000, harness_wall_ns=10_000)
+    assert honest.reason() is None
+    hidden = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=8_000_000, walls_ns=[1_000_000] * 8,
+                  windows_ns=windows, harness_cpu_ns=10_000, harness_wall_ns=10_000)
+    assert "of CPU time ran in the 8 gaps" in (hidden.reason() or "")
+    held_up = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000, walls_ns=[1_000_000] * 8,
+                   windows_ns=windows, harness_cpu_ns=10_000, harness_wall_ns=10_000)
+    assert "the median gap between timed calls took" in (held_up.reason() or "")
+    long_windows = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000, walls_ns=[1_000_000] * 8,
+                        windows_ns=[50_000_000] * 9, harness_cpu_ns=10_000, harness_wall_ns=10_000)
+    assert long_windows.reason() is None
 
 
 def test_the_audit_hook_names_what_a_watched_call_did_and_nothing_outside() -> None:
