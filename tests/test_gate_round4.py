@@ -14,7 +14,7 @@ from conftest import PLUGINS, cpu_cell
 
 from fusionlab.measure import events, integrity
 from fusionlab.measure.rounds import RoundsTask, StopRule
-from fusionlab.measure.timing import Gaps, TimedLoop, TimingSettings, draw
+from fusionlab.measure.timing import Gaps, TimedLoop, TimingSettings, draw, time_calls
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
@@ -91,6 +91,30 @@ def test_cpu_time_beyond_the_cells_threads_is_suspicious() -> None:
     reason = TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=1).threads_reason()
     assert reason is not None and "cell of 1 thread" in reason
     assert TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=2).threads_reason() is None
+
+
+def test_an_in_place_loop_checks_calls_at_any_place_in_a_sample() -> None:
+    """For a variant that writes into its inputs, the checked call is drawn after the sample
+    among all its calls (not always its first, which a variant could tell by the pause before
+    it), and comes with the copy of its inputs taken before it."""
+    sets = [torch.zeros(1), torch.zeros(1)]
+    numbers: list[int] = []
+
+    def call(index: int) -> torch.Tensor:
+        numbers.append(len(numbers) + 1)
+        return sets[index].fill_(numbers[-1])
+
+    settings = TimingSettings(warmup_s=0.0, budget_s=1.0, min_samples=30, max_samples=30,
+                              min_sample_s=2e-4, checked_calls=15)
+    loop = time_calls(call, 2, lambda: None, settings, snapshot=lambda i: sets[i].clone(),
+                      keep_copy=lambda out: out.clone())  # type: ignore[arg-type, return-value]
+    per_sample = loop.timing.calls_per_sample
+    assert per_sample > 1 and loop.kept
+    first_sampled = len(numbers) - 30 * per_sample + 1
+    places = {(int(out.item()) - first_sampled) % per_sample for _, out in loop.kept}
+    assert len(places) > 1, places
+    for (_, out), before in zip(loop.kept, loop.kept_inputs, strict=True):
+        assert int(before.item()) < int(out.item())  # type: ignore[union-attr]
 
 
 def test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost() -> None:
