@@ -206,6 +206,7 @@ class Gaps:
     harness_cpu_ns: float = 0.0
     harness_wall_ns: float = 0.0
     copies_cpu_ns: int = 0  # the harness's own copies in the gaps (in place), measured as made
+    copying_ns: int = 0  # copies made since the last window closed (a gap once the next opens)
     judge_wall: bool = True  # not where the harness's gap work is parallel copies (in place)
     _closed: tuple[int, int] | None = None  # the last window's end: (clock, thread CPU)
     _opened_cpu: int = 0
@@ -218,6 +219,8 @@ class Gaps:
         if self._closed is not None:
             self.walls_ns.append(start - self._closed[0])
             self.gap_cpu_ns += cpu - self._closed[1]
+            self.copies_cpu_ns += self.copying_ns
+        self.copying_ns = 0
         self._opened_cpu, self._opened_clock = cpu, start
         return start
 
@@ -413,7 +416,7 @@ def _inplace_sample(
         copying = _thread_cpu_ns()
         made.append((index, states[index], keep_copy(out)))
         states[index] = snapshot(index)
-        gaps.copies_cpu_ns += _thread_cpu_ns() - copying
+        gaps.copying_ns += _thread_cpu_ns() - copying
         del out
     checked, at = _drawn(plan.count, plan.checked), draw(plan.calls_per_sample)
     if checked:
