@@ -140,13 +140,10 @@ REMOVALS = (
              CHEAT4 + "[samples that do not look alike-r4-honest-after-a-pause-statuses16-in "
              "timed call]")),
     Removal("untimed gaps: CPU time beyond the harness's own", "fusionlab/measure/timing.py",
-            "        if spent > allowed:\n", "        if False:\n",
+            "        if spent <= allowed:\n", "        if True:\n",
             (CHEAT4 + "[work in the untimed gaps-r4-work-in-finalizer-statuses17-of CPU time ran "
              "in the]",
              ROUND4_TESTS + "test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost")),
-    Removal("untimed gaps: the median gap's wall time", "fusionlab/measure/timing.py",
-            "        if median > allowed_wall:\n", "        if False:\n",
-            (ROUND4_TESTS + "test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost",)),
     Removal("audited much slower: inconsistent", "fusionlab/measure/audit.py",
             "if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:", "if False:",
             (ROUND3_TESTS + "test_an_audited_latency_much_slower_than_the_decided_one_is_"

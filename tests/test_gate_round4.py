@@ -121,28 +121,22 @@ def test_an_in_place_loop_checks_calls_at_any_place_in_a_sample() -> None:
 
 def test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost() -> None:
     """CPU time in the gaps beyond the harness's own cost (plus a share of the timed windows') is
-    suspicious; so is a median gap far longer than the harness's work, but not a few long gaps
-    (another process on a busy machine) nor gaps short beside long windows."""
-    windows = [1_000_000] * 9
-    honest = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000,
-                  walls_ns=[20_000] * 6 + [9_000_000] * 2, windows_ns=windows,
-                  harness_cpu_ns=10_000, harness_wall_ns=10_000)
+    suspicious; the harness's own copies after in-place calls are not counted as the variant's."""
+    honest = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000, walls_ns=[20_000] * 8,
+                  harness_cpu_ns=10_000)
     assert honest.reason() is None
     hidden = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=8_000_000, walls_ns=[1_000_000] * 8,
-                  windows_ns=windows, harness_cpu_ns=10_000, harness_wall_ns=10_000)
+                  harness_cpu_ns=10_000)
     assert "of CPU time ran in the 8 gaps" in (hidden.reason() or "")
-    held_up = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000, walls_ns=[1_000_000] * 8,
-                   windows_ns=windows, harness_cpu_ns=10_000, harness_wall_ns=10_000)
-    assert "the median gap between timed calls took" in (held_up.reason() or "")
-    long_windows = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000, walls_ns=[1_000_000] * 8,
-                        windows_ns=[50_000_000] * 9, harness_cpu_ns=10_000, harness_wall_ns=10_000)
-    assert long_windows.reason() is None
+    copying = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=8_000_000, walls_ns=[1_000_000] * 8,
+                   harness_cpu_ns=10_000, copies_cpu_ns=7_900_000)
+    assert copying.reason() is None
 
 
 @pytest.mark.parametrize("variant", ["builtin", "honest-in-place"])
 def test_honest_gaps_beside_a_cpu_hog_are_not_suspicious(hogs, variant: str) -> None:  # noqa: F811
-    """Another process on every core interrupts some gaps; neither gap rule takes that for work
-    the variant hid there (the search trial, at a small and a large shape)."""
+    """Another process on every core interrupts the gaps; the gap rule does not take that for
+    work the variant hid there (the search trial, at a small and a large shape)."""
     for shape in ((8, 256), (256, 4096)):
         record = run_trial(TrialTask(cpu_cell("rmsnorm", shape), variant, {}, timing=FAST))
         assert "untimed gaps" not in record.message, record.message

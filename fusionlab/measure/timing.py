@@ -55,14 +55,6 @@ freed after a sample, cache effects) plus GAP_SLACK_S; more is work hidden from 
 
 GAP_SLACK_S = 0.005
 
-GAP_WALL_FACTOR = 10.0
-"""The median untimed gap may take this many times the harness's own measured wall time of it,
-plus GAP_WALL_SLACK_S, or GAP_SHARE of the median timed window, whichever is more: a thread the
-variant runs there holds this one up. Medians, so that the few gaps another process interrupts on
-a busy machine count for nothing."""
-
-GAP_WALL_SLACK_S = 2e-4
-
 _CALIBRATIONS = 5
 """Runs of the harness's own gap work, on its own objects, whose median is its measured cost."""
 
@@ -196,18 +188,16 @@ class TimedLoop:
 @dataclass
 class Gaps:
     """A loop's timed windows and the untimed gaps between them: this thread's CPU time in each
-    (a descheduled thread uses none, so another process's load does not count) and each gap's
-    wall time; and the harness's own cost of one gap, measured on its own objects."""
+    (a descheduled thread uses none, so another process's load does not count), their wall
+    times (for benchmarks/gap_cost.py), and the harness's own CPU cost of one gap, measured."""
 
     window_cpu_ns: int = 0
     gap_cpu_ns: int = 0
     walls_ns: list[int] = field(default_factory=list)
     windows_ns: list[int] = field(default_factory=list)
     harness_cpu_ns: float = 0.0
-    harness_wall_ns: float = 0.0
     copies_cpu_ns: int = 0  # the harness's own copies in the gaps (in place), measured as made
     copying_ns: int = 0  # copies made since the last window closed (a gap once the next opens)
-    judge_wall: bool = True  # not where the harness's gap work is parallel copies (in place)
     _closed: tuple[int, int] | None = None  # the last window's end: (clock, thread CPU)
     _opened_cpu: int = 0
     _opened_clock: int = 0
@@ -234,30 +224,19 @@ class Gaps:
         return end
 
     def reason(self) -> str | None:
-        """Whether work ran in the gaps beyond the harness's own (this thread's CPU time, and
-        the median gap's wall time), or None."""
+        """Whether this thread's CPU time in the gaps, less the harness's in-place copies, went
+        beyond the harness's own measured cost there (GAP_FACTOR, GAP_SHARE), or None."""
         count = len(self.walls_ns)
         if not count:
             return None
         harness_s = count * self.harness_cpu_ns * 1e-9
         allowed = GAP_FACTOR * harness_s + GAP_SHARE * self.window_cpu_ns * 1e-9 + GAP_SLACK_S
         spent = (self.gap_cpu_ns - self.copies_cpu_ns) * 1e-9
-        if spent > allowed:
-            return (f"untimed gaps: {spent:.3g} s of CPU time ran in the {count} gaps between "
-                    f"timed calls, where the harness's own work there measured {harness_s:.3g} s "
-                    f"(flagged above {allowed:.3g} s): the variant worked outside the timed "
-                    "windows")
-        if not self.judge_wall:
+        if spent <= allowed:
             return None
-        median = _median(self.walls_ns) * 1e-9
-        allowed_wall = max(GAP_WALL_FACTOR * self.harness_wall_ns * 1e-9 + GAP_WALL_SLACK_S,
-                           GAP_SHARE * _median(self.windows_ns) * 1e-9)
-        if median > allowed_wall:
-            return (f"untimed gaps: the median gap between timed calls took {median:.3g} s, "
-                    f"where the harness's own work there measured "
-                    f"{self.harness_wall_ns * 1e-9:.3g} s (flagged above {allowed_wall:.3g} s): "
-                    "something worked outside the timed windows")
-        return None
+        return (f"untimed gaps: {spent:.3g} s of CPU time ran in the {count} gaps between "
+                f"timed calls, where the harness's own work there measured {harness_s:.3g} s "
+                f"(flagged above {allowed:.3g} s): the variant worked outside the timed windows")
 
 
 def _median(values: list[int]) -> float:
@@ -333,10 +312,9 @@ def _loop(
     inplace = snapshot is not None and keep_copy is not None
     # Each set's values before its next call (a variant that writes into its inputs).
     states = [snapshot(index) for index in range(sets)] if inplace else []  # type: ignore[misc]
-    # In place, the gaps hold copies on torch's threads, which a busy machine stretches.
-    gaps = None if flush else Gaps(judge_wall=not inplace)
+    gaps = None if flush else Gaps()
     if gaps is not None:
-        gaps.harness_cpu_ns, gaps.harness_wall_ns = _harness_gap_cost(
+        gaps.harness_cpu_ns = _harness_gap_cost(
             calls_per_sample if inplace else 1)
     samples_ms: list[float] = []
     loop = TimedLoop(_timing([0.0], 1, sets, 0), [], threads=threads, gaps=gaps)
@@ -453,16 +431,15 @@ def _flushed_sample(
     return elapsed_ms
 
 
-def _harness_gap_cost(calls: int) -> tuple[float, float]:
-    """The harness's own work in one untimed gap, run with no variant code: (this thread's CPU
-    ns, wall ns), medians of _CALIBRATIONS runs. That work: the clocks read at a window's edges,
+def _harness_gap_cost(calls: int) -> float:
+    """The harness's own work in one untimed gap, run with no variant code: this thread's CPU
+    ns, the median of _CALIBRATIONS runs. That work: the clocks read at a window's edges,
     and after a sample of `calls` windows the two draws and torch's thread count (per window).
     The copies a variant that writes into its inputs gets after each call are not in it: the
     loop measures those as it makes them (`Gaps.copies_cpu_ns`)."""
     cpu: list[int] = []
-    wall: list[int] = []
     for _ in range(_CALIBRATIONS):
-        cpu_start, start = _thread_cpu_ns(), _clock_ns()
+        cpu_start = _thread_cpu_ns()
         for _ in range(calls):
             _clock_ns()
             _thread_cpu_ns()
@@ -472,8 +449,7 @@ def _harness_gap_cost(calls: int) -> tuple[float, float]:
         draw(2)
         _torch_threads()
         cpu.append((_thread_cpu_ns() - cpu_start) // calls)
-        wall.append((_clock_ns() - start) // calls)
-    return _median(cpu), _median(wall)
+    return _median(cpu)
 
 
 def _timing(samples_ms: list[float], calls_per_sample: int, sets: int, nbytes: int) -> Timing:
