@@ -223,6 +223,10 @@ class Gaps:
         self._closed = (end, cpu)
         return end
 
+    def closed_cpu_ns(self) -> int:
+        """This thread's CPU clock as the last window closed."""
+        return self._closed[1] if self._closed is not None else _thread_cpu_ns()
+
     def reason(self) -> str | None:
         """Whether this thread's CPU time in the gaps, less the harness's in-place copies, went
         beyond the harness's own measured cost there (GAP_FACTOR, GAP_SHARE), or None."""
@@ -391,7 +395,7 @@ def _inplace_sample(
         out = call(index)
         synchronize()
         elapsed_ns += gaps.close() - start
-        copying = _thread_cpu_ns()
+        copying = gaps.closed_cpu_ns()  # this thread's CPU clock as the window closed
         made.append((index, states[index], keep_copy(out)))
         states[index] = snapshot(index)
         gaps.copying_ns += _thread_cpu_ns() - copying
