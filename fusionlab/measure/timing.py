@@ -310,12 +310,15 @@ def _loop(
     thread_changes: list[int] = []
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
-    count = int(min(settings.max_samples,
-                    max(settings.min_samples, settings.budget_s / (calls_per_sample * estimate))))
-    plan = _Plan(count, calls_per_sample, min(settings.checked_calls, count))
     inplace = snapshot is not None and keep_copy is not None
-    # Each set's values before its next call (a variant that writes into its inputs).
+    # Each set's values before its next call (a variant that writes into its inputs), and what
+    # copying after a call costs: the loop keeps to its budget with those copies in it.
+    copy_start = _clock_ns()
     states = [snapshot(index) for index in range(sets)] if inplace else []  # type: ignore[misc]
+    per_call = estimate + (2 * (_clock_ns() - copy_start) * 1e-9 / sets if inplace else 0.0)
+    count = int(min(settings.max_samples,
+                    max(settings.min_samples, settings.budget_s / (calls_per_sample * per_call))))
+    plan = _Plan(count, calls_per_sample, min(settings.checked_calls, count))
     gaps = None if flush else Gaps()
     if gaps is not None:
         gaps.harness_cpu_ns = _harness_gap_cost(
