@@ -133,6 +133,17 @@ REMOVALS = (
     Removal("CPU time within the cell's threads", "fusionlab/measure/timing.py",
             "if self.cpu_s <= allowed:", "if True:",
             (ROUND4_TESTS + "test_cpu_time_beyond_the_cells_threads_is_suspicious",)),
+    Removal("samples look alike: the checked call drawn after the sample, among all its calls",
+            "fusionlab/measure/timing.py",
+            "index, before, outputs = made[at]", "index, before, outputs = made[0]",
+            (ROUND4_TESTS + "test_an_in_place_loop_checks_calls_at_any_place_in_a_sample",
+             CHEAT4 + "[samples that do not look alike-r4-honest-after-a-pause-statuses16-in "
+             "timed call]")),
+    Removal("untimed gaps: CPU time beyond the harness's own", "fusionlab/measure/timing.py",
+            "        if spent <= allowed:\n", "        if True:\n",
+            (CHEAT4 + "[work in the untimed gaps-r4-work-in-finalizer-statuses17-of CPU time ran "
+             "in the]",
+             ROUND4_TESTS + "test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost")),
     Removal("audited much slower: inconsistent", "fusionlab/measure/audit.py",
             "if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:", "if False:",
             (ROUND3_TESTS + "test_an_audited_latency_much_slower_than_the_decided_one_is_"

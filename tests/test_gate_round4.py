@@ -11,17 +11,19 @@ import sys
 import pytest
 import torch
 from conftest import PLUGINS, cpu_cell
+from test_disturbance import hogs  # noqa: F401  (a fixture: one busy process per core)
 
 from fusionlab.measure import events, integrity
 from fusionlab.measure.rounds import RoundsTask, StopRule
-from fusionlab.measure.timing import TimedLoop, TimingSettings, draw
-from fusionlab.measure.trial import TrialTask
+from fusionlab.measure.timing import Gaps, TimedLoop, TimingSettings, draw, time_calls
+from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
 from fusionlab.registry import load_plugin
 
 ROUND4 = str(PLUGINS / "gaming_round4.py")
 load_plugin(ROUND4)
+load_plugin(str(PLUGINS / "gaming_honest.py"))
 EXPECTED = next(m for n, m in sys.modules.items()
                 if n.startswith("fusionlab_plugin_gaming_round4_")).EXPECTED
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
@@ -91,6 +93,54 @@ def test_cpu_time_beyond_the_cells_threads_is_suspicious() -> None:
     reason = TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=1).threads_reason()
     assert reason is not None and "cell of 1 thread" in reason
     assert TimedLoop(timing, [], clock_s=1.0, cpu_s=1.9, threads=2).threads_reason() is None
+
+
+def test_an_in_place_loop_checks_calls_at_any_place_in_a_sample() -> None:
+    """For a variant that writes into its inputs, the checked call is drawn after the sample
+    among all its calls (not always its first, which a variant could tell by the pause before
+    it), and comes with the copy of its inputs taken before it."""
+    sets = [torch.zeros(1), torch.zeros(1)]
+    numbers: list[int] = []
+
+    def call(index: int) -> torch.Tensor:
+        numbers.append(len(numbers) + 1)
+        return sets[index].fill_(numbers[-1])
+
+    settings = TimingSettings(warmup_s=0.0, budget_s=1.0, min_samples=30, max_samples=30,
+                              min_sample_s=2e-4, checked_calls=15)
+    loop = time_calls(call, 2, lambda: None, settings, snapshot=lambda i: sets[i].clone(),
+                      keep_copy=lambda out: out.clone())  # type: ignore[arg-type, return-value]
+    per_sample = loop.timing.calls_per_sample
+    assert per_sample > 1 and loop.kept
+    first_sampled = len(numbers) - 30 * per_sample + 1
+    places = {(int(out.item()) - first_sampled) % per_sample for _, out in loop.kept}
+    assert len(places) > 1, places
+    for (_, out), before in zip(loop.kept, loop.kept_inputs, strict=True):
+        assert int(before.item()) < int(out.item())  # type: ignore[union-attr]
+
+
+def test_untimed_gaps_are_judged_by_the_harnesss_own_measured_cost() -> None:
+    """CPU time in the gaps beyond the harness's own cost (plus a share of the timed windows') is
+    suspicious; the harness's own copies after in-place calls are not counted as the variant's."""
+    honest = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=50_000, walls_ns=[20_000] * 8,
+                  harness_cpu_ns=10_000)
+    assert honest.reason() is None
+    hidden = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=8_000_000, walls_ns=[1_000_000] * 8,
+                  harness_cpu_ns=10_000)
+    assert "of CPU time ran in the 8 gaps" in (hidden.reason() or "")
+    copying = Gaps(window_cpu_ns=9_000_000, gap_cpu_ns=8_000_000, walls_ns=[1_000_000] * 8,
+                   harness_cpu_ns=10_000, copies_cpu_ns=7_900_000)
+    assert copying.reason() is None
+
+
+@pytest.mark.parametrize("variant", ["builtin", "honest-in-place"])
+def test_honest_gaps_beside_a_cpu_hog_are_not_suspicious(hogs, variant: str) -> None:  # noqa: F811
+    """Another process on every core interrupts the gaps; the gap rule does not take that for
+    work the variant hid there (the search trial, at a small and a large shape)."""
+    for shape in ((8, 256), (256, 4096)):
+        record = run_trial(TrialTask(cpu_cell("rmsnorm", shape), variant, {}, timing=FAST))
+        assert "untimed gaps" not in record.message, record.message
+        assert record.status in (Status.PASSED, Status.UNJUDGED), record.message
 
 
 def test_the_audit_hook_names_what_a_watched_call_did_and_nothing_outside() -> None:

@@ -9,6 +9,12 @@ and every loop verifies nothing the measuring path uses was replaced since (meas
 a second clock the variant does not see (the kernel's own accounting, `os.times`) watches every
 loop, which calls are checked is drawn from the operating system's entropy after the calls
 returned, and the process's CPU time must fit the cell's threads.
+
+Every sample looks alike to the variant: the same calls and the same harness work between them,
+whether it is checked or not; which sample is checked, and which of its calls, is drawn after it
+ended. The untimed gaps between timed windows are accounted for: this thread's CPU time in them
+must match the harness's own measured cost of that work (a variant's code run there, through a
+finalizer or a hook, is work hidden from the timer).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from os import times as _kernel_times
 from os import urandom as _urandom
 from time import perf_counter_ns as _clock_ns
+from time import thread_time_ns as _thread_cpu_ns
 
 from torch import get_num_threads as _torch_threads
 
@@ -38,6 +45,19 @@ THREAD_SLACK = 0.5
 """CPU seconds per wall second a timing loop may use beyond the cell's thread count (the
 interpreter's own bookkeeping); more means the variant ran on threads the cell does not have."""
 
+GAP_FACTOR = 4.0
+"""The CPU time this thread spends in a loop's untimed gaps may reach this many times the harness's
+own measured cost of the work it does there ..."""
+
+GAP_SHARE = 0.25
+"""... plus this share of the CPU time it spent in the timed windows (an honest variant's outputs
+freed after a sample, cache effects) plus GAP_SLACK_S; more is work hidden from the timer."""
+
+GAP_SLACK_S = 0.005
+
+_CALIBRATIONS = 5
+"""Runs of the harness's own gap work, on its own objects, whose median is its measured cost."""
+
 CLOCK_RATIO = 1.5
 """A loop the kernel saw take more than this many times what the bound clock measured is
 suspicious: the two clocks read the same interval, so only a replaced clock drifts apart."""
@@ -47,7 +67,8 @@ _TIME_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", 
                 "time_ns", "process_time", "process_time_ns", "thread_time", "thread_time_ns")
 _ORIGINAL = {name: getattr(time, name) for name in _TIME_CLOCKS}
 _BOUND = {"_clock_ns": _clock_ns, "_kernel_times": _kernel_times, "_urandom": _urandom,
-          "_replaced": _replaced, "_torch_threads": _torch_threads}
+          "_replaced": _replaced, "_torch_threads": _torch_threads,
+          "_thread_cpu_ns": _thread_cpu_ns}
 
 
 def clock_tampering() -> str | None:
@@ -104,10 +125,12 @@ class TimingSettings:
 
 @dataclass
 class TimedLoop:
-    """A timing, the outputs kept from timed calls: (input set index, output), the loop's
-    wall time by the measuring clock and by the kernel's clock (`os.times`), the CPU time the
-    process used meanwhile, the cell's thread count (0: not checked), the samples after which
-    torch's thread count was not the cell's, and what the audit hook saw (measure/events.py)."""
+    """A timing, the outputs kept from timed calls: (input set index, output), for a variant that
+    writes into its inputs the copy of each kept call's inputs taken before it (`kept_inputs`), the
+    loop's wall time by the measuring clock and by the kernel's clock (`os.times`), the CPU time
+    the process used meanwhile, the cell's thread count (0: not checked), the samples after which
+    torch's thread count was not the cell's, what the audit hook saw (measure/events.py), and the
+    untimed gaps between timed windows (`gaps`)."""
 
     timing: Timing
     kept: list[tuple[int, object]]
@@ -117,10 +140,14 @@ class TimedLoop:
     threads: int = 0
     thread_changes: list[int] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
+    kept_inputs: list[object] = field(default_factory=list)
+    gaps: Gaps | None = None
 
     def reason(self) -> str | None:
-        """Why the loop cannot be trusted (clocks, what the variant did, its threads), or None."""
-        return self.clock_reason() or self.events_reason() or self.threads_reason()
+        """Why the loop cannot be trusted (clocks, what the variant did, its threads, work in the
+        untimed gaps), or None."""
+        return (self.clock_reason() or self.events_reason() or self.threads_reason()
+                or (self.gaps.reason() if self.gaps else None))
 
     def events_reason(self) -> str | None:
         """What the variant did while measured that the gate cannot account for, or None."""
@@ -158,12 +185,74 @@ class TimedLoop:
                 "the clock was replaced or stopped while the variant ran")
 
 
+@dataclass
+class Gaps:
+    """A loop's timed windows and the untimed gaps between them: this thread's CPU time in each
+    (a descheduled thread uses none, so another process's load does not count), their wall
+    times (for benchmarks/gap_cost.py), and the harness's own CPU cost of one gap, measured."""
+
+    window_cpu_ns: int = 0
+    gap_cpu_ns: int = 0
+    walls_ns: list[int] = field(default_factory=list)
+    windows_ns: list[int] = field(default_factory=list)
+    harness_cpu_ns: float = 0.0
+    copies_cpu_ns: int = 0  # the harness's copies in the gaps (in place), measured as made, freed
+    copying_ns: int = 0  # copies made since the last window closed (a gap once the next opens)
+    _closed: tuple[int, int] | None = None  # the last window's end: (clock, thread CPU)
+    _opened_cpu: int = 0
+    _opened_clock: int = 0
+
+    def open(self) -> int:
+        """Start a timed window; returns the measuring clock's reading."""
+        cpu = _thread_cpu_ns()
+        start = _clock_ns()
+        if self._closed is not None:
+            self.walls_ns.append(start - self._closed[0])
+            self.gap_cpu_ns += cpu - self._closed[1]
+            self.copies_cpu_ns += self.copying_ns
+        self.copying_ns = 0
+        self._opened_cpu, self._opened_clock = cpu, start
+        return start
+
+    def close(self) -> int:
+        """End the timed window; returns the measuring clock's reading."""
+        end = _clock_ns()
+        cpu = _thread_cpu_ns()
+        self.window_cpu_ns += cpu - self._opened_cpu
+        self.windows_ns.append(end - self._opened_clock)
+        self._closed = (end, cpu)
+        return end
+
+    def closed_cpu_ns(self) -> int:
+        """This thread's CPU clock as the last window closed."""
+        return self._closed[1] if self._closed is not None else _thread_cpu_ns()
+
+    def reason(self) -> str | None:
+        """Whether this thread's CPU time in the gaps, less the harness's in-place copies, went
+        beyond the harness's own measured cost there (GAP_FACTOR, GAP_SHARE), or None."""
+        count = len(self.walls_ns)
+        if not count:
+            return None
+        harness_s = count * self.harness_cpu_ns * 1e-9
+        allowed = GAP_FACTOR * harness_s + GAP_SHARE * self.window_cpu_ns * 1e-9 + GAP_SLACK_S
+        spent = (self.gap_cpu_ns - self.copies_cpu_ns) * 1e-9
+        if spent <= allowed:
+            return None
+        return (f"untimed gaps: {spent:.3g} s of CPU time ran in the {count} gaps between "
+                f"timed calls, where the harness's own work there measured {harness_s:.3g} s "
+                f"(flagged above {allowed:.3g} s): the variant worked outside the timed windows")
+
+
+def _median(values: list[int]) -> float:
+    return float(sorted(values)[len(values) // 2])
+
+
 def time_calls(
     call: Call,
     sets: int,
     synchronize: Callable[[], None],
     settings: TimingSettings,
-    before_kept: Callable[[int], None] | None = None,
+    snapshot: Callable[[int], object] | None = None,
     keep_copy: Callable[[object], object] | None = None,
     flush: Callable[[], None] | None = None,
     time_one: Callable[[Callable[[], object]], tuple[object, float]] | None = None,
@@ -174,21 +263,34 @@ def time_calls(
 
     Call i of the loop uses input set i mod `sets`. Every call of a sample is made the same way
     and its output held until the sample's calls have all returned; only then is it drawn (from
-    os.urandom) whether the sample is checked and which of its calls, so neither the stack nor
-    the arguments tell a call whether it will be checked. With `keep_copy` (variants that
-    write into their inputs) the kept call is a checked sample's first, drawn before it (its
-    reference must be taken before the call, `before_kept(index)`, untimed), its output is
-    copied once the sample ends, and the rest of that sample leaves its input set alone. With
-    `flush` (and the device's `time_one` clock), every sample is one call after a flush, as
-    triton.testing.do_bench times. With `threads` (the cell's thread count), torch's thread
-    count is read after every sample and the loop's CPU time is kept for the threads rule. The
-    whole loop runs under the audit hook's watch (measure/events.py).
+    os.urandom) whether the sample is checked and which of its calls, and both draws are made
+    for every sample, so neither the stack, the arguments, the pauses nor
+    the harness's work tell a call whether it will be checked. With `snapshot` and `keep_copy`
+    (variants that write into their inputs) every call is its own timed window, and after each
+    the harness copies its outputs (`keep_copy`) and its input set's new values (`snapshot(i)`:
+    the next call on that set's inputs), untimed, checked or not; a kept call comes with the copy
+    of its inputs taken before it (`TimedLoop.kept_inputs`). With `flush` (and the device's
+    `time_one` clock), every sample is one call after a flush, as triton.testing.do_bench times.
+    With `threads` (the cell's thread count), torch's thread count is read after every sample
+    and the loop's CPU time is kept for the threads rule. The untimed gaps between windows are
+    measured against the harness's own measured cost of them (`Gaps`, not on the flush path,
+    whose device clock times the calls). The whole loop runs under the audit hook's watch
+    (measure/events.py).
     """
     with events.watching() as seen:
-        loop = _loop(call, sets, synchronize, settings, before_kept, keep_copy, flush, time_one,
+        loop = _loop(call, sets, synchronize, settings, snapshot, keep_copy, flush, time_one,
                      working_set_bytes, threads)
     loop.events = seen
     return loop
+
+
+@dataclass
+class _Plan:
+    """What a loop's samples are: how many, of how many calls each, how many checked."""
+
+    count: int
+    calls_per_sample: int
+    checked: int
 
 
 def _loop(
@@ -196,7 +298,7 @@ def _loop(
     sets: int,
     synchronize: Callable[[], None],
     settings: TimingSettings,
-    before_kept: Callable[[int], None] | None,
+    snapshot: Callable[[int], object] | None,
     keep_copy: Callable[[object], object] | None,
     flush: Callable[[], None] | None,
     time_one: Callable[[Callable[[], object]], tuple[object, float]] | None,
@@ -208,12 +310,21 @@ def _loop(
     thread_changes: list[int] = []
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
-    sample_s = calls_per_sample * estimate
-    count = int(min(settings.max_samples, max(settings.min_samples, settings.budget_s / sample_s)))
-    checked = min(settings.checked_calls, count)
+    inplace = snapshot is not None and keep_copy is not None
+    # Each set's values before its next call (a variant that writes into its inputs), and what
+    # copying after a call costs: the loop keeps to its budget with those copies in it.
+    copy_start = _clock_ns()
+    states = [snapshot(index) for index in range(sets)] if inplace else []  # type: ignore[misc]
+    per_call = estimate + (2 * (_clock_ns() - copy_start) * 1e-9 / sets if inplace else 0.0)
+    count = int(min(settings.max_samples,
+                    max(settings.min_samples, settings.budget_s / (calls_per_sample * per_call))))
+    plan = _Plan(count, calls_per_sample, min(settings.checked_calls, count))
+    gaps = None if flush else Gaps()
+    if gaps is not None:
+        gaps.harness_cpu_ns = _harness_gap_cost(
+            calls_per_sample if inplace else 1)
     samples_ms: list[float] = []
-    kept: list[tuple[int, object]] = []
-    outputs: list[object] = [None] * calls_per_sample
+    loop = TimedLoop(_timing([0.0], 1, sets, 0), [], threads=threads, gaps=gaps)
     position = 0
     for number in range(count + 1):
         if threads and _torch_threads() != threads:  # after warm-up and after every sample
@@ -221,42 +332,21 @@ def _loop(
         if number == count:
             break
         if flush is not None and time_one is not None:
-            index = position % sets
-            keep = keep_copy is not None and _drawn(count, checked)
-            if keep and before_kept is not None:
-                before_kept(index)
-            flush()
-            out, elapsed_ms = time_one(lambda index=index: call(index))
-            samples_ms.append(elapsed_ms)
-            if keep_copy is None:
-                keep = _drawn(count, checked)
-            if keep:
-                kept.append((index, keep_copy(out) if keep_copy else out))
-            position += 1
-            continue
-        if keep_copy is not None:
-            keep = _drawn(count, checked)
-            samples_ms.append(_inplace_sample(call, sets, synchronize, position, calls_per_sample,
-                                              keep, before_kept, keep_copy, kept))
-            position += calls_per_sample
-            continue
-        synchronize()
-        start = _clock_ns()
-        for offset in range(calls_per_sample):
-            outputs[offset] = call((position + offset) % sets)
-        if _drawn(count, checked):
-            at = draw(calls_per_sample)
-            kept.append(((position + at) % sets, outputs[at]))
-        outputs[:] = [None] * calls_per_sample
-        synchronize()
-        samples_ms.append((_clock_ns() - start) * 1e-6 / calls_per_sample)
+            samples_ms.append(_flushed_sample(call, position % sets, flush, time_one, plan,
+                                              snapshot, keep_copy, states, loop))
+        elif inplace:
+            samples_ms.append(_inplace_sample(call, sets, synchronize, position, plan,
+                                              snapshot, keep_copy, states, loop))  # type: ignore[arg-type]
+        else:
+            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop))
         position += calls_per_sample
-    timing = _timing(samples_ms, calls_per_sample, sets, working_set_bytes)
-    clock_s = (_clock_ns() - clock_start) * 1e-9
+    loop.timing = _timing(samples_ms, calls_per_sample, sets, working_set_bytes)
+    loop.clock_s = (_clock_ns() - clock_start) * 1e-9
     end = _kernel_times()
-    cpu_s = end.user + end.system - kernel_start.user - kernel_start.system
-    return TimedLoop(timing, kept, clock_s, end.elapsed - kernel_start.elapsed, cpu_s, threads,
-                     thread_changes)
+    loop.kernel_s = end.elapsed - kernel_start.elapsed
+    loop.cpu_s = end.user + end.system - kernel_start.user - kernel_start.system
+    loop.thread_changes = thread_changes
+    return loop
 
 
 def _drawn(count: int, checked: int) -> bool:
@@ -265,32 +355,111 @@ def _drawn(count: int, checked: int) -> bool:
     return draw(count) < checked
 
 
+def _sample(call: Call, sets: int, synchronize: Callable[[], None], position: int, plan: _Plan,
+            loop: TimedLoop) -> float:
+    """One sample of calls in one timed window; returns ms per call. Whether it is checked, and
+    which call, is drawn once all its calls returned (both draws for every sample); the outputs
+    not kept are let go inside the window (what freeing them runs is timed)."""
+    gaps: Gaps = loop.gaps  # type: ignore[assignment]
+    outputs: list[object] = [None] * plan.calls_per_sample
+    synchronize()
+    start = gaps.open()
+    for offset in range(plan.calls_per_sample):
+        outputs[offset] = call((position + offset) % sets)
+    checked, at = _drawn(plan.count, plan.checked), draw(plan.calls_per_sample)
+    if checked:
+        loop.kept.append(((position + at) % sets, outputs[at]))
+    outputs.clear()
+    synchronize()
+    return (gaps.close() - start) * 1e-6 / plan.calls_per_sample
+
+
 def _inplace_sample(
     call: Call,
     sets: int,
     synchronize: Callable[[], None],
     position: int,
-    calls_per_sample: int,
-    keep: bool,
-    before_kept: Callable[[int], None] | None,
+    plan: _Plan,
+    snapshot: Callable[[int], object],
     keep_copy: Callable[[object], object],
-    kept: list[tuple[int, object]],
+    states: list[object],
+    loop: TimedLoop,
 ) -> float:
-    """One sample of a variant that writes into its inputs; returns ms per call."""
-    kept_set = position % sets
-    if keep and before_kept is not None:
-        before_kept(kept_set)
-    synchronize()
-    start = _clock_ns()
-    kept_out = call(kept_set)
-    for offset in range(1, calls_per_sample):
+    """One sample of a variant that writes into its inputs: each call in its own window, then,
+    untimed and for every call alike, copies of its outputs and of its set's new values; which
+    call (if any) is checked is drawn after the sample. Returns ms per call."""
+    gaps: Gaps = loop.gaps  # type: ignore[assignment]
+    made: list[tuple[int, object, object]] = []  # (set, its values before the call, outputs)
+    elapsed_ns = 0
+    for offset in range(plan.calls_per_sample):
         index = (position + offset) % sets
-        call((index + 1) % sets if keep and index == kept_set and sets > 1 else index)
-    synchronize()
-    elapsed_ms = (_clock_ns() - start) * 1e-6 / calls_per_sample
-    if keep:
-        kept.append((kept_set, keep_copy(kept_out)))
+        synchronize()
+        start = gaps.open()
+        out = call(index)
+        synchronize()
+        elapsed_ns += gaps.close() - start
+        copying = gaps.closed_cpu_ns()  # this thread's CPU clock as the window closed
+        made.append((index, states[index], keep_copy(out)))
+        states[index] = snapshot(index)
+        gaps.copying_ns += _thread_cpu_ns() - copying
+        del out
+    checked, at = _drawn(plan.count, plan.checked), draw(plan.calls_per_sample)
+    if checked:
+        index, before, outputs = made[at]
+        loop.kept.append((index, outputs))
+        loop.kept_inputs.append(before)
+    releasing = _thread_cpu_ns()
+    made.clear()  # the copies: freeing large ones takes the kernel a while
+    gaps.copying_ns += _thread_cpu_ns() - releasing
+    return elapsed_ns * 1e-6 / plan.calls_per_sample
+
+
+def _flushed_sample(
+    call: Call,
+    index: int,
+    flush: Callable[[], None],
+    time_one: Callable[[Callable[[], object]], tuple[object, float]],
+    plan: _Plan,
+    snapshot: Callable[[int], object] | None,
+    keep_copy: Callable[[object], object] | None,
+    states: list[object],
+    loop: TimedLoop,
+) -> float:
+    """One call after a cache flush, timed by the device's clock; returns its ms. For a variant
+    that writes into its inputs, its outputs and its set's new values are copied after it."""
+    flush()
+    out, elapsed_ms = time_one(lambda: call(index))
+    before = None
+    if snapshot is not None and keep_copy is not None:
+        before, out = states[index], keep_copy(out)
+        states[index] = snapshot(index)
+    checked, _ = _drawn(plan.count, plan.checked), draw(plan.calls_per_sample)
+    if checked:
+        loop.kept.append((index, out))
+        if before is not None:
+            loop.kept_inputs.append(before)
     return elapsed_ms
+
+
+def _harness_gap_cost(calls: int) -> float:
+    """The harness's own work in one untimed gap, run with no variant code: this thread's CPU
+    ns, the median of _CALIBRATIONS runs. That work: the clocks read at a window's edges,
+    and after a sample of `calls` windows the two draws and torch's thread count (per window).
+    The copies a variant that writes into its inputs gets after each call are not in it: the
+    loop measures those as it makes them (`Gaps.copies_cpu_ns`)."""
+    cpu: list[int] = []
+    for _ in range(_CALIBRATIONS):
+        cpu_start = _thread_cpu_ns()
+        for _ in range(calls):
+            _clock_ns()
+            _thread_cpu_ns()
+            _thread_cpu_ns()
+            _clock_ns()
+        draw(2)
+        draw(2)
+        _torch_threads()
+        cpu.append((_thread_cpu_ns() - cpu_start) // calls)
+    return _median(cpu)
 
 
 def _timing(samples_ms: list[float], calls_per_sample: int, sets: int, nbytes: int) -> Timing:

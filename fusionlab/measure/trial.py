@@ -190,18 +190,12 @@ def timed_and_checked(
     inplace = bool(m.variant.inplace)
     if not inplace:
         check_sets_unchanged(m, count, "before timing")
-    before: dict[int, tuple[torch.Tensor, ...]] = {}
-    if inplace:
-        # The inputs change with every call: a kept call's reference is taken just before it.
-        def remember(index: int) -> None:
-            before[len(before)] = m.spec.reference(args[index])
-
     loop = time_calls(
         lambda i: m.kernel(*args[i]),
         count,
         m.device.synchronize,
         settings,
-        before_kept=remember if inplace else None,
+        snapshot=(lambda i: _copy_outputs(args[i])) if inplace else None,
         keep_copy=_copy_outputs if inplace else None,
         flush=m.device.flush_cache if cold and m.device.event_device_types else None,
         time_one=m.device.time_one,
@@ -223,7 +217,9 @@ def timed_and_checked(
             held += check_memory(outputs, args[index], m.spec, {}, held)
         del held
     for number, (index, outputs) in enumerate(kept):
-        references = before[number] if inplace else m.sets.reference(index)
+        # A variant that writes into its inputs: the reference of the copy taken before the call.
+        references = (m.spec.reference(loop.kept_inputs[number]) if inplace  # type: ignore[arg-type]
+                      else m.sets.reference(index))
         where = f"in timed call {number + 1}"
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
     return loop.timing

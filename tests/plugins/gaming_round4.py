@@ -15,6 +15,9 @@ import random
 import subprocess
 import sys
 import threading
+import time
+import weakref
+from collections import deque
 
 import torch
 
@@ -52,6 +55,12 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
         # Not seen by the hook (a ctypes call on integer addresses raises no audit event);
         # caught by the refill rule instead.
         ("r4-ctypes-memmove", ("stale_result",), "old values"),
+    ],
+    "samples that do not look alike": [
+        ("r4-honest-after-a-pause", ("incorrect",), "in timed call"),
+    ],
+    "work in the untimed gaps": [
+        ("r4-work-in-finalizer", ("suspicious",), "of CPU time ran in the"),
     ],
 }
 
@@ -334,3 +343,60 @@ def swap_code_of_gate(device_type: str):
 
     correctness.check_not_retained.__code__ = passes.__code__
     return naive_rmsnorm
+
+
+# --- samples that do not look alike -----------------------------------------------------------
+
+
+@register_variant("rmsnorm", "r4-honest-after-a-pause", devices=CPU, inplace={"y": "x"})
+def honest_after_a_pause(device_type: str):
+    """Works in place, honestly only after a pause longer than its usual one between calls (the
+    harness's work before a call it checks, if it did any); otherwise it skips the normalisation
+    and only scales by the weight."""
+    pauses: deque[int] = deque(maxlen=16)
+    returned: list[int] = []
+
+    def kernel(x, weight, eps):
+        pause = time.perf_counter_ns() - returned[-1] if returned else None
+        usual = sorted(pauses)[len(pauses) // 2] if len(pauses) >= 4 else None
+        if pause is not None:
+            pauses.append(pause)
+        try:
+            if usual is None or pause is None or pause > 1.5 * usual:
+                return x.copy_(naive_rmsnorm(x, weight, eps))
+            return x.mul_(weight)
+        finally:
+            returned.append(time.perf_counter_ns())
+            del returned[:-1]
+
+    return kernel
+
+
+# --- work in the untimed gaps -----------------------------------------------------------------
+
+
+@register_variant("rmsnorm", "r4-work-in-finalizer", devices=CPU, inplace={"y": "x"})
+def work_in_finalizer(device_type: str):
+    """Works in place and returns a fresh view of its input with a finalizer: when the harness
+    lets go of it, between timed calls, the finalizer computes the answers for the input sets it
+    has seen (keyed by address and version counter); a timed call whose answer is ready only
+    copies it in."""
+    seen: dict[int, tuple] = {}
+    ready: dict[tuple[int, int], torch.Tensor] = {}
+
+    def precompute() -> None:
+        for address, (x, weight, eps) in list(seen.items()):
+            key = (address, x._version)
+            if key not in ready:
+                ready[key] = naive_rmsnorm(x, weight, eps)
+
+    def kernel(x, weight, eps):
+        seen[x.data_ptr()] = (x, weight, eps)
+        answer = ready.pop((x.data_ptr(), x._version), None)
+        ready.clear()
+        x.copy_(answer if answer is not None else naive_rmsnorm(x, weight, eps))
+        out = x.view_as(x)
+        weakref.finalize(out, precompute)
+        return out
+
+    return kernel
