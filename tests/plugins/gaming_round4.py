@@ -1,6 +1,6 @@
 """Round-four adversarial RMSNorm variants: each attacks the measuring process itself (the gate's
-round-four classes, and this round's own red team). Every one must earn a status with a one-line reason
-that names the rule, and never win.
+round-four classes, and this round's own red team). Every one must earn a status with a one-line
+reason that names the rule, and never win.
 
 Nothing here leaves anything running: a child process burns CPU for two seconds and exits.
 """
