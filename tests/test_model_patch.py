@@ -327,7 +327,8 @@ def test_patch_without_a_capture_resolves_each_key_on_first_use(llama, tmp_path:
     from_storage = patch(model, storage=url)
     for got, want in zip(_logits(model), reference, strict=True):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert len(from_storage.rows) == 6 and {r.match for r in from_storage.rows} == {"exact"}
+    rows = from_storage.all_rows()
+    assert len(rows) == 6 and {r.match for r in rows} == {"exact"}
     from_storage.undo()
     assert not _patched_anywhere(model)
     with pytest.raises(UserError, match="Linear has no norm module fusionlab can replace"):
