@@ -28,7 +28,7 @@ from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import get_op
-from fusionlab.report.verdict import Contender, decide, paired_ratio
+from fusionlab.report.verdict import Contender, decide, implausible, paired_ratio
 from fusionlab.report.winners import first_use_by_variant
 from fusionlab.results import OUTCOMES, CellResult
 from fusionlab.search import claims
@@ -445,6 +445,8 @@ class Sweep:
                     f"other processes, each measured again while the budget lasted (stopped: "
                     f"{rounds['stopped']})"
                 )
+            if problem := implausible(verdict):
+                verdict.reason += f"; {problem}: a disturbed measurement, shown marked"
             store.write_verdict(cell.study, mode, verdict)
             claim.close(f"re-measured: {verdict.decision}")
         else:

@@ -17,6 +17,7 @@ from conftest import cpu_cell, run_cli
 from fusionlab.records import Status, Timing, TrialRecord
 from fusionlab.report import export
 from fusionlab.report.tables import ROUND_FIGURES, SEARCH_FIGURES, best_row, display_rows
+from fusionlab.report.verdict import implausible
 from fusionlab.results import CellResult, Decision, Verdict, WinnersFile, classify
 
 
@@ -91,6 +92,22 @@ def test_quiet_figures_carry_no_mark() -> None:
     assert row.disturbed == [] and row.noisy == []
     text = export.render(WinnersFile("rmsnorm", [row]), "md")
     assert "0.0123" in text and "!" not in text and "~" not in text
+
+
+def test_a_ratio_no_device_could_show_is_marked_even_from_quiet_rounds() -> None:
+    """Two lowerings of one norm move the same bytes: 2075x between them is a disturbed
+    measurement, marked like one although the rounds were not flagged disturbed."""
+    cell = CellResult(cpu_cell("rmsnorm", (4, 64)), [_record("builtin", 0.0123456),
+                                                       _record("naive", 0.5)])
+    cell.verdicts["cold"] = _verdict({"run": 7, "disturbed": 0, "from_disturbed": False},
+                                     {"naive": [2075.29, 1900.0, 2200.0]})
+    assert "naive over builtin 2075x is beyond 100x" in implausible(cell.verdicts["cold"])
+    row = best_row(cell)
+    assert set(row.disturbed) == set(ROUND_FIGURES)
+    shown = display_rows([row], "rmsnorm")[0]
+    assert shown["vs naive"] == "2075.29x [1900.00, 2200.00]!"
+    cell.verdicts["cold"].versus_winner = {"naive": [3.0, 2.9, 3.1]}
+    assert implausible(cell.verdicts["cold"]) == "" and best_row(cell).disturbed == []
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import torch
 from tabulate import tabulate
 
 from fusionlab.model.models import Step
-from fusionlab.model.plausible import marked, ratio_problem, saving_problem, share_problem
 from fusionlab.model.predict import CallTiming, time_calls
+from fusionlab.plausible import marked, ratio_problem, saving_problem, share_problem
 
 if TYPE_CHECKING:
     from fusionlab.model.patch import PatchHandle
@@ -72,7 +72,8 @@ class StepResult:
 
 def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[StepResult]:
     """Per step: the norms' calls timed both ways (the prediction), then alternating unpatched
-    and patched runs of the whole step (same threads, same inputs)."""
+    and patched runs of the whole step (same threads, same inputs; the order flips every run,
+    so neither way always runs right after the other)."""
     results = []
     for step in steps:
         calls = tuple(time_calls(handle, step.name))
@@ -83,12 +84,15 @@ def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[St
             patched = step.run().float()
             unpatched_s, patched_s = [], []
             for _ in range(2):  # warm-up of both paths
-                step.run()
-            for _ in range(runs):
-                handle.undo()
-                unpatched_s.append(_time(step))
-                handle.redo()
-                patched_s.append(_time(step))
+                for switch in (handle.undo, handle.redo):
+                    switch()
+                    step.run()
+            for run in range(runs):
+                ways = [(handle.undo, unpatched_s), (handle.redo, patched_s)]
+                for switch, samples in ways[::-1] if run % 2 else ways:  # ABBA: no order bias
+                    switch()
+                    samples.append(_time(step))
+            handle.redo()
         gain, low, high = paired_ratio(unpatched_s, patched_s)
         results.append(StepResult(
             step.name, 1e3 * statistics.median(unpatched_s), 1e3 * statistics.median(patched_s),

@@ -17,11 +17,11 @@ from fusionlab.model.configs import split_items
 from fusionlab.model.memory import check_steps_fit
 from fusionlab.model.models import Step, causal_lm_steps_at, module_steps
 from fusionlab.model.patch import patch
-from fusionlab.model.plausible import marked, share_problem
 from fusionlab.model.sources import FactorySource, example_inputs, open_source
 from fusionlab.model.train import check_lengths, trainable_parameters
 from fusionlab.model.train_bench import benchmark_training, gradient_warnings, render_training
 from fusionlab.plan import check_thread_count, load_user_variants
+from fusionlab.plausible import marked, share_problem
 from fusionlab.registry import get_op
 from fusionlab.report.export import check_writable
 from fusionlab.shapes import DTYPES, format_shape, parse_dtype

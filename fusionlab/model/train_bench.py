@@ -19,7 +19,6 @@ from fusionlab.errors import UserError
 from fusionlab.model.bench import StepResult, paired_ratio
 from fusionlab.model.grad_check import GradientGroup, compare_gradients
 from fusionlab.model.peak_memory import MemoryUse, memory_use
-from fusionlab.model.plausible import marked
 from fusionlab.model.predict import time_calls
 from fusionlab.model.train import (
     Trainer,
@@ -28,6 +27,7 @@ from fusionlab.model.train import (
     token_batches,
     trainable_parameters,
 )
+from fusionlab.plausible import marked
 
 if TYPE_CHECKING:
     from fusionlab.model.patch import PatchHandle

@@ -11,6 +11,7 @@ from typing import Any
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.report.fit import fit_table, pick_columns
+from fusionlab.report.verdict import implausible
 from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
 from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
 from fusionlab.shapes import format_shape
@@ -74,7 +75,7 @@ def disturbed_figures(best: TrialRecord, verdict: Verdict | None) -> list[str]:
     (still disturbed after its re-measurements), the rounds (fewer quiet rounds than a verdict
     needs, so disturbed ones were used)."""
     busy = list(SEARCH_FIGURES) if best.disturbance.get("disturbed") else []
-    if verdict is not None and verdict.rounds.get("from_disturbed"):
+    if verdict is not None and (verdict.rounds.get("from_disturbed") or implausible(verdict)):
         busy += ROUND_FIGURES
     return busy
 

@@ -31,6 +31,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fusionlab.plausible import ratio_problem
 from fusionlab.results import Decision, Verdict, classify
 
 THRESHOLD = 0.03
@@ -239,6 +240,16 @@ def _verdict(
         confidence=CONFIDENCE, threshold=THRESHOLD, resamples=RESAMPLES, seed=SEED,
         versus_fastest=versus or {},
     )
+
+
+def implausible(verdict: Verdict) -> str:
+    """Why a ratio of the verdict cannot be a kernel's doing ("" when every one can): two
+    lowerings of one memory-bound op read and write the same bytes, so a gap beyond
+    plausible.MAX_RATIO comes from timings other processes disturbed."""
+    ratios = {f"{verdict.winner} over {verdict.runner_up}": verdict.ratio}
+    ratios |= {f"{name} over {verdict.winner}": r[0] for name, r in verdict.versus_winner.items()}
+    return next((problem for what, ratio in ratios.items()
+                 if ratio is not None and (problem := ratio_problem(ratio, what))), "")
 
 
 def break_even_calls(
