@@ -21,6 +21,7 @@ class Status(str, Enum):
     SUSPICIOUS = "suspicious"  # faster than the device can move the bytes, or no device work
     INCONSISTENT = "inconsistent"  # audited much slower than the latency its decision used
     UNJUDGED = "unjudged"  # too fast for a busy copy limit, and no quiet limit stored to judge by
+    UNSUPPORTED = "unsupported"  # the pass asks for a backward the variant does not have
     RUNTIME_ERROR = "runtime_error"
     COMPILE_ERROR = "compile_error"
     TIMEOUT = "timeout"

@@ -179,6 +179,7 @@ class WinnerRow(Stored):
     failed: int
     measured: int
     threads: int = 0
+    pass_name: str = "forward"  # the pass timed (forward, backward or forward+backward)
     ranked_by: str = ""
     toolchain: dict[str, str] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)

@@ -128,6 +128,7 @@ def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Colum
         Column("device", "device", _field("device")),
         Column("shape", "shape", _field("shape")),
         Column("dtype", "dtype", _field("dtype")),
+        Column("pass", "pass", _field("pass_name")),
         Column("fastest", "fastest", lambda row: row.label or "none passed"),
         Column("params", "params", _field("params", _params)),
         Column("median_ms", "median ms", _field("median_ms", _sig)),
@@ -165,6 +166,7 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     row = WinnerRow(
         device=cell.cell.device_name,
         threads=cell.cell.threads,
+        pass_name=cell.cell.pass_name,
         shape=format_shape(cell.cell.shape),
         dtype=cell.cell.dtype,
         failed=len(failures),
@@ -357,6 +359,8 @@ def terminal_table(
         keys = [c.key for c in full if with_device or c.key != "device"]
         return fit_table(shown, [headers[k] for k in keys], 10**6, fmt=fmt)[0], []
     keys = (["device"] if with_device else []) + list(TERMINAL_PRIORITY)
+    if any(row.pass_name != "forward" for row in rows):
+        keys.insert(keys.index("dtype") + 1, "pass")  # a backward sweep says so in every row
     text, left_out = fit_table(shown, [headers[k] for k in keys], width, [headers["winner"]], fmt)
     shown_keys = {k for k in keys if headers[k] not in left_out}
     shown_keys |= {covered for k in shown_keys for covered in _COVERS.get(k, ())}
