@@ -48,27 +48,22 @@ def test_cheats_have_honest_forwards() -> None:
         assert record.status is Status.PASSED, record.message
 
 
-HONEST = {
-    "rmsnorm": [("naive", {}), ("builtin", {}), ("cpp", {"rows_per_task": 4}),
-                ("compiled", {"mode": "default", "dynamic": False})],
-    "layernorm": [("naive", {}), ("builtin", {}), ("cpp", {"rows_per_task": 4})],
-    "add_rmsnorm": [("naive", {}), ("builtin", {}), ("cpp", {"rows_per_task": 4})],
-}
+HONEST = [("rmsnorm", "naive", {}), ("rmsnorm", "builtin", {}),
+          ("rmsnorm", "cpp", {"rows_per_task": 4}), ("layernorm", "builtin", {}),
+          ("layernorm", "cpp", {"rows_per_task": 4}), ("add_rmsnorm", "naive", {}),
+          ("add_rmsnorm", "cpp", {"rows_per_task": 4})]
 
 
-@pytest.mark.parametrize("op", sorted(HONEST))
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_honest_backwards_pass_the_gradient_gate(op: str, dtype: str) -> None:
-    """No false positives, at few rows and at many (the weight gradient's sum grows with rows)."""
-    for shape in [(3, 5, 96), (2048, 64)]:
-        for variant, params in HONEST[op]:
-            if variant == "compiled" and (dtype != "float32" or shape[0] != 3):
-                continue  # one compile is enough to show it; each costs seconds
-            for pass_name in (BACKWARD, FORWARD_BACKWARD):
-                record = _trial(op, shape, dtype, pass_name, variant, params)
-                where = f"{op} {shape} {dtype} {pass_name} {variant}"
-                assert record.status is Status.PASSED, f"{where}: {record.message}"
-                assert record.accuracy is not None and record.accuracy.max_abs_err > 0.0
+@pytest.mark.parametrize(("op", "variant", "params"), HONEST)
+def test_honest_backwards_pass_the_gradient_gate(op: str, variant: str, params: dict) -> None:
+    """No false positives: backward in bfloat16 at many rows (the weight gradient's sum grows
+    with them), forward+backward in float32 at few."""
+    for shape, dtype, pass_name in [((1024, 64), "bfloat16", BACKWARD),
+                                    ((3, 5, 96), "float32", FORWARD_BACKWARD)]:
+        record = _trial(op, shape, dtype, pass_name, variant, params)
+        where = f"{op} {shape} {dtype} {pass_name} {variant}"
+        assert record.status is Status.PASSED, f"{where}: {record.message}"
+        assert record.accuracy is not None and record.accuracy.max_abs_err > 0.0
 
 
 def test_a_variant_without_backward_is_unsupported() -> None:
@@ -90,15 +85,16 @@ def test_gradient_references_are_float64_autograd() -> None:
     dx, dweight = spec.reference((x, weight, eps, grad))
     assert torch.allclose(dx, x64.grad) and torch.allclose(dweight, w64.grad)
     dx_tol, dweight_tol = spec.tolerance(torch.float32)
-    assert dweight_tol.atol == pytest.approx(dx_tol.atol * 8)  # sqrt(64 rows)
+    linear = 64 * torch.finfo(torch.float32).eps / 2
+    assert dweight_tol.atol == pytest.approx(dx_tol.atol * 8 + linear)  # sqrt(64 rows)
 
 
 def test_backward_and_forward_backward_sweeps_decide_cells(tmp_path) -> None:
     storage = f"sqlite:///{tmp_path / 'passes.db'}"
     for pass_name in (BACKWARD, FORWARD_BACKWARD):
         done = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "64x512", "--variants",
-                       "naive,builtin,cpp", "--pass", pass_name, "--storage", storage,
-                       "--no-screen", cwd=tmp_path)
+                       "naive,cpp", "--pass", pass_name, "--storage", storage, "--no-screen",
+                       cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         assert pass_name in done.stdout
     cells = load_cells(open_storage(storage, must_exist=True, read_only=True), "rmsnorm")

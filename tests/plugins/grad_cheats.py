@@ -3,7 +3,7 @@ catch; each forward is honest. Neither may ever pass a backward or forward+backw
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -35,7 +35,7 @@ def _dweight(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
 class _CachedWeightGrad(torch.autograd.Function):
     """dx every call; dweight once per weight tensor (by address), then the cached one."""
 
-    cache: dict[int, torch.Tensor] = {}
+    cache: ClassVar[dict[int, torch.Tensor]] = {}
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,7 +54,7 @@ class _PreviousDx(torch.autograd.Function):
     """Computes both gradients every call, but hands back the dx of the call before (as a
     pipeline that returns one step late would); the first call's own."""
 
-    previous: list[torch.Tensor] = []
+    previous: ClassVar[list[torch.Tensor]] = []
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
