@@ -51,6 +51,17 @@ class Timing(Stored):
 
 
 @dataclass
+class PassMemory(Stored):
+    """Memory of a backward pass, in bytes (measure/pass_memory.py): the tensors autograd saved
+    between forward and backward (distinct storages, inputs among them), and the most bytes
+    torch's allocator had live beyond the start during the forward and during the backward."""
+
+    saved_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
+
+
+@dataclass
 class Fusion(Stored):
     """Fusion accounting for one call, read off the profiler's events (medians over calls)."""
 
@@ -143,6 +154,7 @@ class TrialRecord(Versioned):
     disturbance: dict[str, Any] = field(default_factory=dict)
     profile_table: str = ""
     trace_file: str = ""
+    memory: PassMemory | None = None  # the backward passes only
 
     @property
     def op(self) -> str:

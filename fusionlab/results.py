@@ -212,6 +212,9 @@ class WinnerRow(Stored):
     ops_per_call: float | None = None
     idle_pct: float | None = None
     mb_per_call: float | None = None
+    saved_mb: float | None = None  # a backward pass: tensors saved between forward and backward
+    forward_peak_mb: float | None = None  # a backward pass: the most allocated in the forward
+    backward_peak_mb: float | None = None  # ... and in the backward
     disturbed: list[str] = field(default_factory=list)  # column keys measured while busy
     noisy: list[str] = field(default_factory=list)  # column keys whose IQR is above NOISY_IQR
 

@@ -64,6 +64,12 @@ def test_honest_backwards_pass_the_gradient_gate(op: str, variant: str, params: 
         where = f"{op} {shape} {dtype} {pass_name} {variant}"
         assert record.status is Status.PASSED, f"{where}: {record.message}"
         assert record.accuracy is not None and record.accuracy.max_abs_err > 0.0
+        # Plausible memory: the backward keeps at least x's rows (or the sum's) and writes dx.
+        x_bytes = torch.finfo(getattr(torch, dtype)).bits // 8 * shape[0] * shape[-1] * (
+            shape[1] if len(shape) == 3 else 1)
+        assert record.memory is not None, where
+        assert record.memory.saved_bytes >= x_bytes, (where, record.memory)
+        assert record.memory.backward_peak_bytes >= x_bytes, (where, record.memory)
 
 
 def test_a_variant_without_backward_is_unsupported() -> None:

@@ -226,7 +226,20 @@ class PassCall:
         """Drop every prepared set (their inputs' values were changed in place)."""
         self._prepared = {}
 
+    @property
+    def forward_inputs(self) -> int:
+        """How many of the pass op's inputs are the forward's (the rest: upstream gradients)."""
+        return self._count
+
     def _prepare(self, forward: tuple[object, ...]) -> _Prepared:
+        prepared = self.leaves_of(forward)
+        if self._name == BACKWARD:
+            prepared.outputs = self.run_forward(prepared)
+        self._prepared[_key(forward)] = prepared
+        return prepared
+
+    def leaves_of(self, forward: tuple[object, ...]) -> _Prepared:
+        """The set's arguments, with fresh leaves for the inputs the op differentiates."""
         args: list[object] = []
         leaves: list[torch.Tensor] = []
         for name, item in zip(self._spec.inputs, forward, strict=True):
@@ -234,12 +247,12 @@ class PassCall:
                 item = item.detach().requires_grad_()
                 leaves.append(item)
             args.append(item)
-        prepared = _Prepared(forward, tuple(args), leaves)
-        if self._name == BACKWARD:
-            with torch.enable_grad():
-                prepared.outputs = tuple(self._spec.as_outputs(self._kernel(*args)))  # type: ignore[arg-type]
-        self._prepared[_key(forward)] = prepared
-        return prepared
+        return _Prepared(forward, tuple(args), leaves)
+
+    def run_forward(self, prepared: _Prepared) -> tuple[torch.Tensor, ...]:
+        """The variant's forward on the prepared arguments, its graph recorded."""
+        with torch.enable_grad():
+            return tuple(self._spec.as_outputs(self._kernel(*prepared.args)))  # type: ignore[arg-type]
 
 
 def _key(forward: Sequence[object]) -> tuple[int, ...]:

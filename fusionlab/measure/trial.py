@@ -25,6 +25,7 @@ from fusionlab.measure.correctness import (
 )
 from fusionlab.measure.inputs import WARM_SETS, InputCache, InputSets, tensors_in
 from fusionlab.measure.limits import LimitsCache, measure_copy_limits, suspicious_reason
+from fusionlab.measure.pass_memory import pass_memory
 from fusionlab.measure.passes import PassCall, as_pass, pass_spec, unsupported_reason
 from fusionlab.measure.profiling import (
     ProfilerSettings,
@@ -376,6 +377,9 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     phase.end("gate checks, copy limits")
     _profile(task, record, m)
     phase.end("profiler pass")
+    if isinstance(m.kernel, PassCall):
+        record.memory = pass_memory(m.kernel, m.sets.sets[0], m.device.torch_device)
+        phase.end("pass memory")
 
 
 def _time_warm_and_cold(task: TrialTask, m: Measured, record: TrialRecord, phase: _Phases) -> None:

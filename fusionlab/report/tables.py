@@ -151,6 +151,9 @@ def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Colum
         Column("ops_per_call", "ops/call", _field("ops_per_call", _sig)),
         Column("idle_pct", "idle %", _field("idle_pct", _num(1))),
         Column("mb_per_call", "MB/call", _field("mb_per_call", _sig)),
+        Column("saved_mb", "saved MB", _field("saved_mb", _sig)),
+        Column("forward_peak_mb", "fwd peak MB", _field("forward_peak_mb", _sig)),
+        Column("backward_peak_mb", "bwd peak MB", _field("backward_peak_mb", _sig)),
         Column("failed", "failed", _failed),
     )
 
@@ -189,6 +192,10 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     row.cold_ms = best.cold.median_ms if best.cold is not None else None
     row.gbps = best.gbps(mode)
     row.first_use_ms = first_use_by_variant(cell).get(best.variant)
+    if best.memory is not None:
+        row.saved_mb = best.memory.saved_bytes / 1e6
+        row.forward_peak_mb = best.memory.forward_peak_bytes / 1e6
+        row.backward_peak_mb = best.memory.backward_peak_bytes / 1e6
     share = best.limit_share(mode)
     if share is not None:
         row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
@@ -361,6 +368,7 @@ def terminal_table(
     keys = (["device"] if with_device else []) + list(TERMINAL_PRIORITY)
     if any(row.pass_name != "forward" for row in rows):
         keys.insert(keys.index("dtype") + 1, "pass")  # a backward sweep says so in every row
+        keys.insert(keys.index("median_ms") + 1, "saved_mb")
     text, left_out = fit_table(shown, [headers[k] for k in keys], width, [headers["winner"]], fmt)
     shown_keys = {k for k in keys if headers[k] not in left_out}
     shown_keys |= {covered for k in shown_keys for covered in _COVERS.get(k, ())}
