@@ -109,3 +109,11 @@ def test_backward_and_forward_backward_sweeps_decide_cells(tmp_path) -> None:
         assert cell.verdicts, f"{cell.cell.label}: not decided"
         assert all(record.passed for record in cell.records), [
             (r.variant, r.message) for r in cell.records if not r.passed]
+
+
+def test_a_compiled_backward_runs_from_a_retained_graph() -> None:
+    """torch.compile with dynamic shapes builds a backward that donates its saved tensors'
+    memory, which refuses retain_graph: the backward pass turns donation off."""
+    record = _trial("rmsnorm", (64, 128), "float32", BACKWARD, "compiled",
+                    {"mode": "default", "dynamic": True})
+    assert record.status is Status.PASSED, record.message

@@ -200,6 +200,11 @@ class PassCall:
         self._kernel, self._spec, self._name = kernel, spec, name
         self._count = len(spec.inputs)
         self._prepared: dict[tuple[int, ...], _Prepared] = {}
+        if name == BACKWARD:
+            # A torch.compile'd backward that reuses its saved tensors' memory (donated buffers)
+            # refuses retain_graph; it may be built at any backward call, so donation is off in
+            # this process from here on (it only ever applies to graphs that train).
+            torch._functorch.config.donated_buffer = False
 
     def __call__(self, *args: object) -> tuple[torch.Tensor, ...]:
         forward, upstream = args[: self._count], args[self._count:]
