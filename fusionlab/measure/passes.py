@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
+import torch._functorch.config as functorch_config
 
 from fusionlab.errors import UserError
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
@@ -204,7 +205,7 @@ class PassCall:
             # A torch.compile'd backward that reuses its saved tensors' memory (donated buffers)
             # refuses retain_graph; it may be built at any backward call, so donation is off in
             # this process from here on (it only ever applies to graphs that train).
-            torch._functorch.config.donated_buffer = False
+            functorch_config.donated_buffer = False
 
     def __call__(self, *args: object) -> tuple[torch.Tensor, ...]:
         forward, upstream = args[: self._count], args[self._count:]
