@@ -24,7 +24,8 @@ def device_label(device_name: str, threads: int, allocator: str) -> str:
 class Cell(Stored):
     """(op, device, hardware, toolchain, shape, dtype) and, on the CPU, the thread count the
     op ran with (0 elsewhere: a GPU or NeuronCore kernel does not depend on host threads) and
-    the host allocator setting (measure/allocator.py; "" elsewhere or when not recorded)."""
+    the host allocator setting (measure/allocator.py; "" elsewhere or when not recorded), and
+    the pass measured (measure/passes.py: forward, backward or forward+backward)."""
 
     op: str
     device: str
@@ -35,10 +36,12 @@ class Cell(Stored):
     toolchain: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
     threads: int = 0
     allocator: str = ""
+    pass_name: str = "forward"
 
     @property
     def label(self) -> str:
-        return f"{format_shape(self.shape)} {self.dtype}"
+        label = f"{format_shape(self.shape)} {self.dtype}"
+        return label if self.pass_name == "forward" else f"{label} {self.pass_name}"
 
     @property
     def device_label(self) -> str:

@@ -146,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--dtypes", help="comma-separated, e.g. float32,bfloat16")
     sweep.add_argument("--variants", help="comma-separated subset of variants (default: all)")
     sweep.add_argument(
+        "--pass",
+        dest="pass_name",
+        default="forward",
+        metavar="PASS",
+        help="what each call times, recorded in every cell: forward (default), backward (from a "
+        "saved forward, a fresh upstream gradient each call) or forward+backward",
+    )
+    sweep.add_argument(
         "--trials",
         type=int,
         default=40,

@@ -165,6 +165,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
         "threads": _threads(args),
         "allocator": args.allocator,
         "screen": args.screen,
+        "pass_name": args.pass_name,
     }
     return planning.make_plan(
         args.op,

@@ -73,6 +73,11 @@ class OpSpec:
     check_shape: Callable[[Shape], str | None] = last_dim_norm_shape_error
     key_of: Callable[[Sequence[object]], tuple[Shape, torch.dtype]] = key_of_first_input
     nearest: Callable[[Shape, Sequence[Shape]], Shape | None] = nearest_rows_same_hidden
+    # The backward: the inputs it differentiates (none: the op has no backward to sweep) and
+    # the float64 reference as differentiable ops of float64 CPU inputs (no detach), whose
+    # autograd gradients the gradient gate compares against.
+    grad_inputs: tuple[str, ...] = ()
+    grad_reference: Callable[[Inputs], tuple[torch.Tensor, ...]] | None = None
 
     def as_outputs(self, result: object) -> tuple[object, ...]:
         """A kernel's return value as a tuple in `outputs` order (not yet checked)."""

@@ -18,6 +18,7 @@ from fusionlab.cell import Cell, device_label
 from fusionlab.devices import Device, get_device, resolve_device
 from fusionlab.errors import UserError
 from fusionlab.measure import allocator
+from fusionlab.measure.passes import FORWARD, check_backward, check_pass
 from fusionlab.measure.profiling import ProfilerSettings
 from fusionlab.measure.rounds import StopRule
 from fusionlab.measure.timing import TimingSettings
@@ -88,6 +89,7 @@ class SweepPlan:
     plugins: list[str] = field(default_factory=list)
     threads: int = 0  # the CPU's intra-op threads every trial runs with (0: not a CPU sweep)
     allocator: str = ""  # the CPU's host allocator setting (measure/allocator.py; "": not CPU)
+    pass_name: str = FORWARD  # the pass every trial times (measure/passes.py)
 
     @property
     def device_label(self) -> str:
@@ -130,6 +132,7 @@ class SweepPlan:
                         versions,
                         self.threads,
                         self.allocator,
+                        self.pass_name,
                     )
                 )
         return result
@@ -146,6 +149,7 @@ def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
         "plugins": [str(Path(path).resolve()) for path in plan.plugins],
         "threads": plan.threads,
         "allocator": plan.allocator,
+        "pass_name": plan.pass_name,
         "trials": plan.trials,
         "exhaustive_limit": plan.exhaustive_limit,
         "timeout_s": plan.timeout_s,
@@ -175,6 +179,7 @@ def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
         calls=data["calls"],
         threads=data.get("threads") or None,
         allocator=data.get("allocator") or None,
+        pass_name=data.get("pass_name", FORWARD),
     )
     confirm = data["confirm"]
     if confirm is not None:
@@ -299,6 +304,9 @@ def make_plan(
     if options.get("timeout_s") is None:
         options["timeout_s"] = target.default_timeout_s
     chosen = choose_variants(op, variants, target.type)
+    options["pass_name"] = check_pass(options.get("pass_name", FORWARD))
+    named = variants_of(op)
+    check_backward(spec, options["pass_name"], [named[name] for name in chosen or ()])
     if quick:
         options.setdefault("timing", QUICK_TIMING)
         options.setdefault("profiler", QUICK_PROFILER)

@@ -21,6 +21,7 @@ class Status(str, Enum):
     SUSPICIOUS = "suspicious"  # faster than the device can move the bytes, or no device work
     INCONSISTENT = "inconsistent"  # audited much slower than the latency its decision used
     UNJUDGED = "unjudged"  # too fast for a busy copy limit, and no quiet limit stored to judge by
+    UNSUPPORTED = "unsupported"  # the pass asks for a backward the variant does not have
     RUNTIME_ERROR = "runtime_error"
     COMPILE_ERROR = "compile_error"
     TIMEOUT = "timeout"
@@ -47,6 +48,17 @@ class Timing(Stored):
     @property
     def relative_iqr(self) -> float:
         return (self.q3_ms - self.q1_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+
+@dataclass
+class PassMemory(Stored):
+    """Memory of a backward pass, in bytes (measure/pass_memory.py): the tensors autograd saved
+    between forward and backward (distinct storages, inputs among them), and the most bytes
+    torch's allocator had live beyond the start during the forward and during the backward."""
+
+    saved_bytes: int
+    forward_peak_bytes: int
+    backward_peak_bytes: int
 
 
 @dataclass
@@ -142,6 +154,7 @@ class TrialRecord(Versioned):
     disturbance: dict[str, Any] = field(default_factory=dict)
     profile_table: str = ""
     trace_file: str = ""
+    memory: PassMemory | None = None  # the backward passes only
 
     @property
     def op(self) -> str:

@@ -179,6 +179,7 @@ class WinnerRow(Stored):
     failed: int
     measured: int
     threads: int = 0
+    pass_name: str = "forward"  # the pass timed (forward, backward or forward+backward)
     ranked_by: str = ""
     toolchain: dict[str, str] = field(default_factory=dict)
     failures: dict[str, int] = field(default_factory=dict)
@@ -211,6 +212,9 @@ class WinnerRow(Stored):
     ops_per_call: float | None = None
     idle_pct: float | None = None
     mb_per_call: float | None = None
+    saved_mb: float | None = None  # a backward pass: tensors saved between forward and backward
+    forward_peak_mb: float | None = None  # a backward pass: the most allocated in the forward
+    backward_peak_mb: float | None = None  # ... and in the backward
     disturbed: list[str] = field(default_factory=list)  # column keys measured while busy
     noisy: list[str] = field(default_factory=list)  # column keys whose IQR is above NOISY_IQR
 

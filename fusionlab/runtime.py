@@ -88,6 +88,8 @@ class Dispatcher:
             with user_facing(f"results in {storage}"):
                 cells = load_cells(opened, op)
             for cell in cells:
+                if cell.cell.pass_name != "forward":
+                    continue  # a model's forward calls run the forward's winners
                 winner = cell_winner(cell, rank_by, allow_inplace=allow_inplace)
                 if winner is not None:
                     others = tuple(
@@ -137,8 +139,8 @@ class Dispatcher:
         if winners.op != self.spec.name:
             raise UserError(f"{path!r} holds winners of {winners.op!r}, not {self.spec.name!r}")
         for row in winners.rows:
-            if row.variant is None or row.params is None:
-                continue  # nothing passed in that cell
+            if row.variant is None or row.params is None or row.pass_name != "forward":
+                continue  # nothing passed in that cell, or not a forward's winner
             variant, params = row.variant, row.params
             others: tuple[tuple[str, dict[str, Any]], ...] = ()
             if row.inplace and not self._allow_inplace:

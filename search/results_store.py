@@ -30,11 +30,13 @@ _VERDICT_KEY = "verdict:"  # config keys of re-measurement claims start with thi
 
 
 def study_name(cell: Cell) -> str:
-    """One study per cell; the toolchain id keeps other toolchains' numbers apart."""
-    return (
+    """One study per cell; the toolchain id keeps other toolchains' numbers apart, and a
+    backward pass's cells are apart from the forward's (whose names stay as they were)."""
+    name = (
         f"{cell.op} | {cell.device_label} | toolchain {cell.toolchain_id} | "
         f"{format_shape(cell.shape)} | {cell.dtype}"
     )
+    return name if cell.pass_name == "forward" else f"{name} | {cell.pass_name}"
 
 
 def write_cell(study: optuna.Study, cell: Cell) -> None:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import PLUGINS, run_cli
 
 from fusionlab.cli import main
 
@@ -39,6 +39,9 @@ def _bad_plugin(tmp_path: Path, name: str, body: str) -> str:
         ["sweep", "rmsnorm", "--trials", "-3"],
         ["sweep", "rmsnorm", "--timeout", "0"],
         ["sweep", "rmsnorm", "--calls", "0"],
+        ["sweep", "rmsnorm", "--pass", "sideways"],
+        ["sweep", "add_rmsnorm", "--pass", "backward", "--variants", "naive,builtin-inplace"],
+        ["sweep", "l2norm", "--plugin", str(PLUGINS / "l2norm_op.py"), "--pass", "backward"],
         ["sweep", "rmsnorm", "--shapes", "4x4096,,8x4096"],
         ["sweep", "rmsnorm", "--dtypes", "float32,"],
         ["sweep", "rmsnorm", "--variants", "naive,,builtin"],

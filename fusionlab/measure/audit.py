@@ -86,6 +86,7 @@ def audit(
     bytes_moved = m.spec.bytes_moved(sets.shape, sets.dtype)
     check_bandwidth(fresh, bytes_moved, {mode: timing.median_ms})
     first = sets.sets[0]
+    fresh.prepare(1)
     prof = profile_calls(lambda: fresh.kernel(*first), m.device, PROFILE)
     check_device_work(fusion_accounting(prof, m.device), prof, fresh)
     if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:
@@ -114,7 +115,7 @@ def _read_right_after_return(m: Measured) -> None:
         del out
         where = f"read as call {call + 1} of the audit returned"
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
-        if not m.variant.inplace:
+        if m.memory_rules:
             check_not_retained(outputs, f"audit call {call + 1}")
 
 

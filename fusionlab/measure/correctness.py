@@ -38,16 +38,18 @@ def check_values(
     references: Sequence[torch.Tensor],
     spec: OpSpec,
     like: torch.Tensor,
-    tolerance: Tolerance,
+    tolerance: Tolerance | Sequence[Tolerance],
     when: str = "",
 ) -> Accuracy:
-    """Shape, dtype, device, finiteness and error of every output against its float64 reference."""
+    """Shape, dtype, device, finiteness and error of every output against its float64 reference
+    (`tolerance`: one for every output, or one per output)."""
     worst: Accuracy | None = None
     if len(outputs) != len(spec.outputs):
         raise GateFailure(
             Status.INCORRECT, f"returned {len(outputs)} outputs, expected {len(spec.outputs)}"
         )
-    for name, out, reference in zip(spec.outputs, outputs, references, strict=True):
+    bounds = [tolerance] * len(outputs) if isinstance(tolerance, Tolerance) else list(tolerance)
+    for name, out, reference, bound in zip(spec.outputs, outputs, references, bounds, strict=True):
         where = f"{name}{' ' + when if when else ''}"
         if not isinstance(out, torch.Tensor):
             raise GateFailure(Status.INCORRECT, f"{where}: returned {type(out).__name__}")
@@ -70,7 +72,7 @@ def check_values(
             raise GateFailure(
                 Status.INCORRECT, f"{where}: device {out.device}, expected {like.device}"
             )
-        accuracy = _error_against(out, reference, tolerance, where)
+        accuracy = _error_against(out, reference, bound, where)
         if worst is None or accuracy.max_abs_err > worst.max_abs_err:
             worst = accuracy
     assert worst is not None

@@ -25,6 +25,8 @@ from fusionlab.measure.correctness import (
 )
 from fusionlab.measure.inputs import WARM_SETS, InputCache, InputSets, tensors_in
 from fusionlab.measure.limits import LimitsCache, measure_copy_limits, suspicious_reason
+from fusionlab.measure.pass_memory import pass_memory
+from fusionlab.measure.passes import PassCall, as_pass, pass_spec, unsupported_reason
 from fusionlab.measure.profiling import (
     ProfilerSettings,
     export_trace,
@@ -129,20 +131,43 @@ class Measured:
     variant: Variant
     device: Device
     sets: InputSets
-    kernel: Kernel
-    tolerance: Tolerance
+    kernel: Kernel | PassCall  # a PassCall for the backward passes (measure/passes.py)
+    tolerance: Tolerance | tuple[Tolerance, ...]  # one per output for the backward passes
     like: torch.Tensor
     threads: int  # torch's thread count before the variant was built: the cell's
+
+    @property
+    def memory_rules(self) -> bool:
+        """Whether the outputs must be fresh memory the variant no longer holds: a forward
+        that writes no input. Gradients may share memory with each other and with an upstream
+        gradient (autograd hands one tensor to both inputs of an add), so their gate is values
+        on drawn timed calls and after their inputs changed in place."""
+        return not self.variant.inplace and not isinstance(self.kernel, PassCall)
+
+    def prepare(self, count: int) -> None:
+        """Before timing the first `count` sets: a backward pass runs and keeps their forwards."""
+        if isinstance(self.kernel, PassCall):
+            self.kernel.prepare(self.sets.sets[:count])
+
+    def forget_saved(self) -> None:
+        """After input values changed in place: a backward pass's kept forwards are stale."""
+        if isinstance(self.kernel, PassCall):
+            self.kernel.forget()
 
 
 def build_and_gate(
     cell: Cell, name: str, params: dict[str, Any], seed: int, reset: bool = True
 ) -> tuple[Measured, float, float, Accuracy]:
-    """Build the kernel, make its first call and gate it; returns setup and first-call ms."""
-    spec, variant, device = get_op(cell.op), get_variant(cell.op, name), get_device(cell.device)
+    """Build the kernel, make its first call and gate it; returns setup and first-call ms.
+    A backward pass (cell.pass_name) measures the pass's op and the kernel run as that pass."""
+    op, variant, device = get_op(cell.op), get_variant(cell.op, name), get_device(cell.device)
+    unsupported = unsupported_reason(variant, cell.pass_name)
+    if unsupported:
+        raise GateFailure(Status.UNSUPPORTED, unsupported)
     if reset and "torch._dynamo" in sys.modules:
         torch._dynamo.reset()  # every variant pays its own compile time in its first call
     dtype = torch_dtype(cell.dtype)
+    spec = pass_spec(op, cell.pass_name, cell.shape, dtype)
     # An in-place variant writes to its inputs: it gets sets of its own, so the shared ones
     # stay as generated for every other variant (in a trial and in interleaved rounds).
     where = device.torch_device
@@ -158,7 +183,8 @@ def build_and_gate(
     threads = torch.get_num_threads()
     try:
         kernel, setup_ms = timed_once(
-            lambda: variant.factory(device.type, **params), device.synchronize
+            lambda: as_pass(variant.factory(device.type, **params), op, cell.pass_name),
+            device.synchronize,
         )
     except Exception as error:
         raise GateFailure(Status.COMPILE_ERROR, f"setup failed: {describe(error)}") from error
@@ -171,10 +197,11 @@ def build_and_gate(
     tolerance = spec.tolerance(dtype)
     accuracy = check_values(outputs, references, spec, like, tolerance)
     check_mutation(first, originals, spec, variant.inplace)
-    check_memory(outputs, first, spec, variant.inplace)
     measured = Measured(
         spec, variant, device, sets, kernel, tolerance, like, threads  # type: ignore[arg-type]
     )
+    if measured.memory_rules or variant.inplace:
+        check_memory(outputs, first, spec, variant.inplace)
     return measured, setup_ms, first_ms, accuracy
 
 
@@ -190,6 +217,7 @@ def timed_and_checked(
     inplace = bool(m.variant.inplace)
     if not inplace:
         check_sets_unchanged(m, count, "before timing")
+    m.prepare(count)
     loop = time_calls(
         lambda i: m.kernel(*args[i]),
         count,
@@ -210,6 +238,7 @@ def timed_and_checked(
     loop.kept.clear()
     if not inplace:
         check_sets_unchanged(m, count, "during timing")
+    if m.memory_rules:
         for _, outputs in kept:
             check_not_retained(outputs)
         held: list[torch.Tensor] = []  # memory first: a reused buffer also makes values wrong
@@ -255,6 +284,7 @@ def check_follows_new_values(m: Measured) -> None:
     fresh = m.spec.make_inputs(m.sets.shape, m.sets.dtype, m.sets.device, draw(2**31))
     try:
         refill_in_place(target, fresh)
+        m.forget_saved()
         _check_new_answer(m, target, saved, "after all its input values changed in place")
         first = tensors_in(target)[0]
         flat = first.data.view(-1) if first.is_contiguous() else None
@@ -263,10 +293,12 @@ def check_follows_new_values(m: Measured) -> None:
             before = _copy_outputs(target) if m.variant.inplace else fresh
             index = flat.numel() - 1 - draw(max(flat.numel() // 2, 1))
             flat[index] = flat[index] * -2 + 1
+            m.forget_saved()
             when = f"after one value (flat index {index}) changed in place"
             _check_new_answer(m, target, before, when)
     finally:
         refill_in_place(target, saved)
+        m.forget_saved()
 
 
 def _check_new_answer(
@@ -345,6 +377,9 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     phase.end("gate checks, copy limits")
     _profile(task, record, m)
     phase.end("profiler pass")
+    if isinstance(m.kernel, PassCall):
+        record.memory = pass_memory(m.kernel, m.sets.sets[0], m.device.torch_device)
+        phase.end("pass memory")
 
 
 def _time_warm_and_cold(task: TrialTask, m: Measured, record: TrialRecord, phase: _Phases) -> None:
@@ -416,6 +451,7 @@ def check_bandwidth(
 
 def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
     first = m.sets.sets[0]
+    m.prepare(1)
     extra = m.device.profiler_extra(task.trace_dir)
     prof = profile_calls(lambda: m.kernel(*first), m.device, task.profiler, extra)
     record.fusion = fusion_accounting(prof, m.device)
@@ -442,7 +478,9 @@ def check_device_work(fusion: Fusion, prof: object, m: Measured) -> None:
             f"0 device ops per call: the profiler saw no work on {m.device.type} "
             "(a result handed back without computing, or work hidden from the profiler)",
         )
-    if m.device.event_device_types:
+    if m.device.event_device_types or isinstance(m.kernel, PassCall):
+        # The profiler records no input shapes for the ops autograd's engine runs in a
+        # backward, so a pass is held to the rule above (it saw device ops) alone.
         return
     needed = sum(t.numel() for t in tensors_in(m.sets.sets[0]))
     seen = operator_input_elements(prof)  # type: ignore[arg-type]

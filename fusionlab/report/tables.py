@@ -129,6 +129,7 @@ def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Colum
         Column("device", "device", _field("device")),
         Column("shape", "shape", _field("shape")),
         Column("dtype", "dtype", _field("dtype")),
+        Column("pass", "pass", _field("pass_name")),
         Column("fastest", "fastest", lambda row: row.label or "none passed"),
         Column("params", "params", _field("params", _params)),
         Column("median_ms", "median ms", _field("median_ms", _sig)),
@@ -151,6 +152,9 @@ def columns(baseline: str = "baseline", builtin: str = "builtin") -> tuple[Colum
         Column("ops_per_call", "ops/call", _field("ops_per_call", _sig)),
         Column("idle_pct", "idle %", _field("idle_pct", _num(1))),
         Column("mb_per_call", "MB/call", _field("mb_per_call", _sig)),
+        Column("saved_mb", "saved MB", _field("saved_mb", _sig)),
+        Column("forward_peak_mb", "fwd peak MB", _field("forward_peak_mb", _sig)),
+        Column("backward_peak_mb", "bwd peak MB", _field("backward_peak_mb", _sig)),
         Column("failed", "failed", _failed),
     )
 
@@ -166,6 +170,7 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     row = WinnerRow(
         device=cell.cell.device_name,
         threads=cell.cell.threads,
+        pass_name=cell.cell.pass_name,
         shape=format_shape(cell.cell.shape),
         dtype=cell.cell.dtype,
         failed=len(failures),
@@ -188,6 +193,10 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     row.cold_ms = best.cold.median_ms if best.cold is not None else None
     row.gbps = best.gbps(mode)
     row.first_use_ms = first_use_by_variant(cell).get(best.variant)
+    if best.memory is not None:
+        row.saved_mb = best.memory.saved_bytes / 1e6
+        row.forward_peak_mb = best.memory.forward_peak_bytes / 1e6
+        row.backward_peak_mb = best.memory.backward_peak_bytes / 1e6
     share = best.limit_share(mode)
     if share is not None:
         row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
@@ -358,6 +367,9 @@ def terminal_table(
         keys = [c.key for c in full if with_device or c.key != "device"]
         return fit_table(shown, [headers[k] for k in keys], 10**6, fmt=fmt)[0], []
     keys = (["device"] if with_device else []) + list(TERMINAL_PRIORITY)
+    if any(row.pass_name != "forward" for row in rows):
+        keys.insert(keys.index("dtype") + 1, "pass")  # a backward sweep says so in every row
+        keys.insert(keys.index("median_ms") + 1, "saved_mb")
     text, left_out = fit_table(shown, [headers[k] for k in keys], width, [headers["winner"]], fmt)
     shown_keys = {k for k in keys if headers[k] not in left_out}
     shown_keys |= {covered for k in shown_keys for covered in _COVERS.get(k, ())}

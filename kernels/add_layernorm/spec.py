@@ -43,6 +43,12 @@ def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
     )
 
 
+def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
+    x, residual, weight, bias, eps = inputs
+    return add_layer_norm_float64(x, residual, weight, bias, float(eps))  # type: ignore[arg-type]
+
+
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
     """Read x, residual, weight and bias; write y and the new residual."""
     return (4 * math.prod(shape) + 2 * shape[-1]) * dtype.itemsize
@@ -67,5 +73,7 @@ ADD_LAYERNORM = register_op(
         # GPT-2 small/XL and a wider model; decode (1 row) to long prefill.
         default_shapes="1x768,128x768,2048x1600,2048x4096",
         quick_shapes="1x768,256x1600",
+        grad_inputs=("x", "residual", "weight", "bias"),
+        grad_reference=grad_reference,
     )
 )

@@ -8,7 +8,7 @@ import math
 import torch
 
 from fusionlab.kernels.rmsnorm.spec import EPS, TOLERANCES, rms_norm_float64, rms_norm_float64_with
-from fusionlab.numerics import Numerics
+from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 
@@ -54,6 +54,14 @@ def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ..
     )
 
 
+def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
+    x, residual, weight, eps = inputs
+    return add_rms_norm_float64_with(
+        x, residual, weight, float(eps), DEFAULT  # type: ignore[arg-type]
+    )
+
+
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
     """Read x, residual and weight; write y and the new residual."""
     return (4 * math.prod(shape) + shape[-1]) * dtype.itemsize
@@ -77,5 +85,7 @@ ADD_RMSNORM = register_op(
         builtin="builtin",
         default_shapes="1x4096,128x4096,2048x4096,2048x8192",
         quick_shapes="1x4096,256x4096",
+        grad_inputs=("x", "residual", "weight"),
+        grad_reference=grad_reference,
     )
 )

@@ -41,6 +41,12 @@ def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
     return (layer_norm_float64(x.detach(), weight.detach(), bias.detach(), float(eps)),)  # type: ignore[arg-type]
 
 
+def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
+    x, weight, bias, eps = inputs
+    return (layer_norm_float64(x, weight, bias, float(eps)),)  # type: ignore[arg-type]
+
+
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
     """Read x, weight and bias, write y."""
     return (2 * math.prod(shape) + 2 * shape[-1]) * dtype.itemsize
@@ -64,5 +70,7 @@ LAYERNORM = register_op(
         builtin="builtin",
         default_shapes="1x4096,32x4096,512x4096,2048x8192",
         quick_shapes="1x4096,256x4096",
+        grad_inputs=("x", "weight", "bias"),
+        grad_reference=grad_reference,
     )
 )

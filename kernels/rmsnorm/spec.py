@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from fusionlab.numerics import Numerics
+from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 
@@ -59,6 +59,12 @@ def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ..
     return (rms_norm_float64_with(x.detach(), weight.detach(), float(eps), numerics),)  # type: ignore[arg-type]
 
 
+def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
+    x, weight, eps = inputs
+    return (rms_norm_float64_with(x, weight, float(eps), DEFAULT),)  # type: ignore[arg-type]
+
+
 def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
     """Read x and weight, write y."""
     return (2 * math.prod(shape) + shape[-1]) * dtype.itemsize
@@ -82,5 +88,7 @@ RMSNORM = register_op(
         builtin="builtin",
         default_shapes="1x4096,32x4096,512x4096,2048x8192",
         quick_shapes="1x4096,256x4096",
+        grad_inputs=("x", "weight"),
+        grad_reference=grad_reference,
     )
 )
