@@ -76,15 +76,16 @@ def test_gpt2_adds_feed_every_layernorm() -> None:
 
 
 class _CastScale(nn.Module):
-    """A bfloat16 residual add, the RMSNorm in float32, its output cast back and scaled."""
+    """A bfloat16 residual add, the RMSNorm in float32, its output cast back and scaled, and the
+    sum added again after it (reused, as a residual stream)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.norm = nn.RMSNorm(16)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         total = x + residual
-        return self.norm(total.float()).to(torch.bfloat16) * 0.5, total
+        return self.norm(total.float()).to(torch.bfloat16) * 0.5 + total
 
 
 class _DataDependent(nn.Module):
@@ -113,6 +114,7 @@ def test_casts_and_a_scale_around_a_norm_are_part_of_its_chain() -> None:
 def test_a_model_dynamo_cannot_trace_keeps_its_norm_calls_and_says_so(
         capsys: pytest.CaptureFixture[str]) -> None:
     found = capture(_DataDependent(), (torch.randn(4, 16), torch.randn(4, 16)), repeats=2)
+    capsys.readouterr()
     assert [(c.path, c.op) for c in found.calls] == [("norm", "layernorm")]
     assert found.candidates == [] and found.untraced == ["norm"]
     assert found.trace_problem.startswith("dynamo could not trace the forward step whole (")
@@ -134,7 +136,7 @@ def test_sweep_add_rmsnorm_from_capture_sweeps_the_candidates_keys(
     assert "add (sum reused) > rmsnorm" in out and "add > rmsnorm" in out
     url = f"sqlite:///{tmp_path / 'r.db'}"
     assert main(["sweep", "add_rmsnorm", "--from-capture", "cap.json", "--quick",
-                 "--variants", "builtin,naive", "--storage", url]) == 0
+                 "--variants", "builtin", "--storage", url]) == 0
     cells = load_cells(open_storage(url, must_exist=True), "add_rmsnorm")
     assert sorted(c.cell.shape for c in cells) == [(1, 1, 32), (1, 4, 32)]
 

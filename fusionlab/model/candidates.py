@@ -140,9 +140,11 @@ def candidates_from(calls: list[NormCall], chains: dict[str, Chain]) -> list[Fus
 def _chain(norm: fx.Node) -> Chain:
     source = norm.args[0]
     casts_before: list[str] = []
+    between: list[fx.Node] = []  # the sum on its way to the norm (casts, eval-mode dropout)
     while isinstance(source, fx.Node) and _passes_through(source):
         if _is_cast(source):
             casts_before.insert(0, _dtype_of(source))
+        between.append(source)
         source = source.args[0]
     add = isinstance(source, fx.Node) and _is_residual_add(source)
     output, casts_after = norm, []
@@ -152,7 +154,7 @@ def _chain(norm: fx.Node) -> Chain:
             casts_after.append(_dtype_of(output))
     return Chain(
         add=add,
-        sum_reused=add and len(source.users) > 1,
+        sum_reused=add and any(len(node.users) > 1 for node in [source, *between]),
         casts_before=tuple(casts_before),
         casts_after=tuple(casts_after),
         scale_after=len(output.users) == 1 and _is_scale(next(iter(output.users)), output),

@@ -140,7 +140,7 @@ class Capture:
                 versions = " or ".join(map(str, _READABLE))
                 raise ValueError(f"not a {FORMAT} file of version {versions}")
             candidates = [_candidate(c) for c in data.get("candidates", [])]
-            unknown = sorted({c["op"] for c in data["calls"]} | {c.op for c in candidates}
+            unknown = sorted(({c["op"] for c in data["calls"]} | {c.op for c in candidates})
                              - set(op_names()))
             if unknown:
                 raise UserError(
