@@ -20,8 +20,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from fusionlab.errors import UserError
-from fusionlab.model.candidates import FusionCandidate, find_candidates
 from fusionlab.measure.stats import summarise
+from fusionlab.model.candidates import FusionCandidate, find_candidates
 from fusionlab.model.models import Step, module_steps
 from fusionlab.model.norms import SkippedNorm, inspect_norm, norm_op, unrecognised_norms
 from fusionlab.registry import op_names
