@@ -28,7 +28,7 @@ SIZES = {"hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": L
 
 def _captured(config: object) -> Capture:
     model = random_causal_lm(config)
-    return capture(model, causal_lm_steps(model, TOKENS), repeats=2)
+    return capture(model, causal_lm_steps(model, TOKENS), repeats=2, candidates=True)
 
 
 def _of(found: Capture, step: str, kind: str) -> dict[str, object]:
@@ -104,7 +104,7 @@ class _DataDependent(nn.Module):
 
 def test_casts_and_a_scale_around_a_norm_are_part_of_its_chain() -> None:
     inputs = tuple(torch.randn(4, 16, dtype=torch.bfloat16) for _ in range(2))
-    (found,) = capture(_CastScale(), inputs, repeats=2).candidates
+    (found,) = capture(_CastScale(), inputs, repeats=2, candidates=True).candidates
     assert (found.kind, found.op, found.key) == ("add+norm", "add_rmsnorm", "4x16 float32")
     assert (found.casts_before, found.casts_after) == (("float32",), ("bfloat16",))
     assert found.scale_after and found.sum_reused
@@ -113,7 +113,8 @@ def test_casts_and_a_scale_around_a_norm_are_part_of_its_chain() -> None:
 
 def test_a_model_dynamo_cannot_trace_keeps_its_norm_calls_and_says_so(
         capsys: pytest.CaptureFixture[str]) -> None:
-    found = capture(_DataDependent(), (torch.randn(4, 16), torch.randn(4, 16)), repeats=2)
+    found = capture(_DataDependent(), (torch.randn(4, 16), torch.randn(4, 16)), repeats=2,
+                    candidates=True)
     capsys.readouterr()
     assert [(c.path, c.op) for c in found.calls] == [("norm", "layernorm")]
     assert found.candidates == [] and found.untraced == ["norm"]

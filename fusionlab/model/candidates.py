@@ -95,7 +95,8 @@ def find_candidates(model: nn.Module, step: Step, calls: list[NormCall]) -> Sear
     functional = list(dict.fromkeys(f"{c.path or 'the root'} (a function call)"
                                     for c in calls if c.source == "function"))
     if not paths:
-        return Search([], untraced=functional)
+        problem = "every captured norm is a function call, not a module" if functional else ""
+        return Search([], "", problem, functional)
     try:
         traced = trace_step(model, step, paths)
     except TraceFailed as error:

@@ -172,14 +172,14 @@ class Capture:
 
 
 def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20,
-            recipe: dict[str, Any] | None = None, candidates: bool = True) -> Capture:
+            recipe: dict[str, Any] | None = None, candidates: bool = False) -> Capture:
     """Run the model once with hooks (recording every norm call), then time it without hooks and
     each norm call on its own. `inputs`: example inputs (a tensor, tuple or dict of keyword
     arguments), or steps such as `causal_lm_steps(model, tokens)` (prefill and decode).
     `recipe`: how `bench-model` makes the model again, e.g. {"model": "mymodels:build",
     "inputs": "mymodels:example"} (see Capture.recipe). `candidates`: also trace the first
-    step's graph with dynamo for the fusion candidates around the norms (a graph the size of
-    the model is compiled, not run faster; without it `Capture.candidates` stays empty)."""
+    step's graph with dynamo for the fusion candidates around the norms (seconds on a large
+    model; `fusionlab capture` always does; without it `Capture.candidates` stays empty)."""
     steps = inputs if _are_steps(inputs) else module_steps(model, inputs)
     device = _device_of(model)
     recorder = _Recorder(model)

@@ -109,7 +109,7 @@ def capture_command(args: argparse.Namespace) -> int:
     check_writable(args.output)
     recipe = _recipe(args, {})
     model, steps = _model_from_recipe(recipe)
-    found = capture(model, steps, name=args.model, recipe=recipe)
+    found = capture(model, steps, name=args.model, recipe=recipe, candidates=True)
     try:
         found.save(args.output)
     except OSError as error:
@@ -172,8 +172,9 @@ def capture_shapes(op: str, path: str) -> tuple[str, str, int]:
     keys = found.keys_of(op)
     if not keys:
         held = ", ".join(sorted({c.op for c in [*found.calls, *found.candidates]}))
-        why = (f"; no fusion candidates were found: {found.trace_problem}"
-               if found.trace_problem else "")
+        why = (f"; no fusion candidates were found: {found.trace_problem}" if found.trace_problem
+               else "; fusion candidates were not looked for: capture(..., candidates=True)"
+               if found.calls and not found.traced else "")
         raise UserError(f"capture {path!r} records no {op} calls (it holds "
                         f"{held or 'no norm calls'}){why}")
     shapes = sorted({shape for shape, _ in keys}, key=lambda s: (s[-1], len(s), s))

@@ -95,7 +95,10 @@ def _marked(slot: int) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
     return forward
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: Exception, limit: int = 160) -> str:
+    """The error's type and the first line of its message, cut at a word within `limit`."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = lines[0] if lines else ""
-    return f"{type(error).__name__}: {text[:160]}" if text else type(error).__name__
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
