@@ -1,6 +1,8 @@
 """Capture a model's norm calls: run it once with hooks on its norm modules (and a function mode
 for functional calls), record every call's key and numerics, then time the model without hooks and
-each norm call on its own, so each op's share of the step is known before anything is patched."""
+each norm call on its own, so each op's share of the step is known before anything is patched.
+Then trace the first step's graph for the fusion candidates around the norms
+(fusionlab/model/candidates.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +21,17 @@ from torch.overrides import TorchFunctionMode
 
 from fusionlab.errors import UserError
 from fusionlab.measure.stats import summarise
+from fusionlab.model.candidates import FusionCandidate, find_candidates
 from fusionlab.model.models import Step, module_steps
 from fusionlab.model.norms import SkippedNorm, inspect_norm, norm_op, unrecognised_norms
 from fusionlab.registry import op_names
 from fusionlab.shapes import DTYPES, format_shape, parse_shape
 
 FORMAT = "fusionlab-capture"
-VERSION = 1
+VERSION = 2  # 2 adds the fusion candidates
+_READABLE = (1, 2)
+_BEFORE_CANDIDATES = ("the file is version 1, written before capture recorded fusion candidates: "
+                      "capture the model again")
 _FUNCTIONS: dict[Callable[..., Any], str] = {
     F.layer_norm: "layernorm",
     torch.layer_norm: "layernorm",
@@ -84,6 +90,10 @@ class Capture:
     # module:function), config, dtype, tokens (prompt lengths), seed, inputs (module:function)
     recipe: dict[str, Any] = field(default_factory=dict)
     skipped: list[SkippedNorm] = field(default_factory=list)  # norm-like modules not recorded
+    candidates: list[FusionCandidate] = field(default_factory=list)
+    traced: str = ""  # the step whose graph the candidates come from ("" when none was traced)
+    trace_problem: str = ""  # why no graph was read ("" when it was, or was not asked for)
+    untraced: list[str] = field(default_factory=list)  # norms whose chain is unknown
 
     def skip_lines(self) -> list[str]:
         """One line per module that looks like a norm and was not recorded, saying why."""
@@ -92,6 +102,13 @@ class Capture:
 
     def of_op(self, op: str) -> list[NormCall]:
         return [call for call in self.calls if call.op == op]
+
+    def keys_of(self, op: str) -> list[tuple[tuple[int, ...], str]]:
+        """The (shape, dtype) keys at which the model calls an op: its own norm calls, and the
+        fusion candidates that op computes (add_rmsnorm for an add + RMSNorm...)."""
+        keys = [(c.shape, c.dtype) for c in self.of_op(op)]
+        keys += [(c.shape, c.dtype) for c in self.candidates if c.op == op]
+        return list(dict.fromkeys(keys))
 
     def save(self, path: str | Path) -> None:
         data = {
@@ -105,6 +122,11 @@ class Capture:
             "steps": [asdict(step) for step in self.steps],
             "calls": [{**asdict(c), "shape": format_shape(c.shape)} for c in self.calls],
             "skipped": [asdict(s) for s in self.skipped],
+            "traced": self.traced,
+            "trace_problem": self.trace_problem,
+            "untraced": self.untraced,
+            "candidates": [{**asdict(c), "shape": format_shape(c.shape)}
+                           for c in self.candidates],
         }
         Path(path).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
 
@@ -114,9 +136,12 @@ class Capture:
         hint = "write it again with `fusionlab capture`"
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            if data.get("format") != FORMAT or data.get("version") != VERSION:
-                raise ValueError(f"not a {FORMAT} version {VERSION} file")
-            unknown = sorted({c["op"] for c in data["calls"]} - set(op_names()))
+            if data.get("format") != FORMAT or data.get("version") not in _READABLE:
+                versions = " or ".join(map(str, _READABLE))
+                raise ValueError(f"not a {FORMAT} file of version {versions}")
+            candidates = [_candidate(c) for c in data.get("candidates", [])]
+            unknown = sorted(({c["op"] for c in data["calls"]} | {c.op for c in candidates})
+                             - set(op_names()))
             if unknown:
                 raise UserError(
                     f"capture {str(path)!r} records ops this install does not have "
@@ -126,13 +151,16 @@ class Capture:
             calls = [
                 NormCall(**{**c, "shape": parse_shape(c["shape"])}) for c in data["calls"]
             ]
-            if any(call.dtype not in DTYPES for call in calls):
+            if any(item.dtype not in DTYPES for item in [*calls, *candidates]):
                 raise ValueError("unknown dtype in calls")
             return cls(
                 data["model"], data["device"], int(data["threads"]),
                 [StepTime(**step) for step in data["steps"]], calls, list(data["ops"]),
                 dict(data.get("recipe") or {}),
-                [SkippedNorm(**s) for s in data.get("skipped", [])],
+                [SkippedNorm(**s) for s in data.get("skipped", [])], candidates,
+                str(data.get("traced", "")),
+                str(data.get("trace_problem", "") if data["version"] > 1 else _BEFORE_CANDIDATES),
+                [str(path) for path in data.get("untraced", [])],
             )
         except UserError:
             raise
@@ -144,12 +172,14 @@ class Capture:
 
 
 def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20,
-            recipe: dict[str, Any] | None = None) -> Capture:
+            recipe: dict[str, Any] | None = None, candidates: bool = False) -> Capture:
     """Run the model once with hooks (recording every norm call), then time it without hooks and
     each norm call on its own. `inputs`: example inputs (a tensor, tuple or dict of keyword
     arguments), or steps such as `causal_lm_steps(model, tokens)` (prefill and decode).
     `recipe`: how `bench-model` makes the model again, e.g. {"model": "mymodels:build",
-    "inputs": "mymodels:example"} (see Capture.recipe)."""
+    "inputs": "mymodels:example"} (see Capture.recipe). `candidates`: also trace the first
+    step's graph with dynamo for the fusion candidates around the norms (seconds on a large
+    model; `fusionlab capture` always does; without it `Capture.candidates` stays empty)."""
     steps = inputs if _are_steps(inputs) else module_steps(model, inputs)
     device = _device_of(model)
     recorder = _Recorder(model)
@@ -166,8 +196,22 @@ def capture(model: nn.Module, inputs: Any, *, name: str = "", repeats: int = 20,
         step_ms = 1e3 * _median_s(lambda step=step: _run(step), repeats)
         norm_us = sum(c.calls * c.call_us for c in calls if c.step == step.name)
         times.append(StepTime(step.name, step_ms, norm_us / 1e3))
-    return Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls,
-                   recipe=dict(recipe or {}), skipped=skipped)
+    found = Capture(name or type(model).__name__, device, torch.get_num_threads(), times, calls,
+                    recipe=dict(recipe or {}), skipped=skipped)
+    if candidates:
+        search = find_candidates(model, steps[0], calls)
+        found.candidates, found.traced = search.candidates, search.traced
+        found.trace_problem, found.untraced = search.problem, search.untraced
+    return found
+
+
+def _candidate(data: dict[str, Any]) -> FusionCandidate:
+    """A fusion candidate as the capture file holds it."""
+    return FusionCandidate(**{
+        **data, "shape": parse_shape(data["shape"]),
+        "casts_before": tuple(data.get("casts_before", ())),
+        "casts_after": tuple(data.get("casts_after", ())),
+    })
 
 
 def _not_called(model: nn.Module, seen: set[str]) -> list[SkippedNorm]:

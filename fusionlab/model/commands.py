@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from fusionlab.errors import UserError
 from fusionlab.model.bench import benchmark, render
+from fusionlab.model.candidates import FusionCandidate
 from fusionlab.model.capture import Capture, capture
 from fusionlab.model.configs import split_items
 from fusionlab.model.memory import check_steps_fit
@@ -108,7 +109,7 @@ def capture_command(args: argparse.Namespace) -> int:
     check_writable(args.output)
     recipe = _recipe(args, {})
     model, steps = _model_from_recipe(recipe)
-    found = capture(model, steps, name=args.model, recipe=recipe)
+    found = capture(model, steps, name=args.model, recipe=recipe, candidates=True)
     try:
         found.save(args.output)
     except OSError as error:
@@ -122,22 +123,62 @@ def capture_command(args: argparse.Namespace) -> int:
                                   "offset", "us/call"], tablefmt="simple"))
     for line in found.skip_lines():
         _say(line)
-    ops = sorted({c.op for c in found.calls})
-    _say(f"wrote {args.output} ({len(found.calls)} keys); next: "
+    _print_candidates(found)
+    ops = sorted({c.op for c in found.calls} | {c.op for c in found.candidates})
+    _say(f"wrote {args.output} ({len(found.calls)} keys, {len(found.candidates)} fusion "
+         "candidates); next: "
          + "; ".join(f"fusionlab sweep {op} --from-capture {args.output}" for op in ops))
     return 0
 
 
+def _print_candidates(found: Capture) -> None:
+    """The fusion candidates, one row per step, chain and key, with their count per step and the
+    norms' share of the step; then one line on the norms whose chain is unknown."""
+    if found.candidates:
+        print()
+        print(tabulate(candidate_rows(found), headers=[
+            "step", "kind", "sweep op", "key", "calls", "norms' share", "chain"
+        ], tablefmt="simple"))
+    unknown = ", ".join(found.untraced[:4]) + (", ..." if len(found.untraced) > 4 else "")
+    if found.trace_problem:
+        _say(f"no fusion candidates: {found.trace_problem}; not found for {len(found.untraced)} "
+             f"norm(s) ({unknown}); the norm calls above are captured from the modules")
+    elif found.untraced:
+        _say(f"fusion candidates not looked for at {len(found.untraced)} norm(s) the "
+             f"{found.traced} graph does not call as a module ({unknown})")
+
+
+def candidate_rows(found: Capture) -> list[tuple[object, ...]]:
+    """The candidates grouped by step, kind, op, key and chain: calls per step summed over the
+    norms, and the share of the step those norms' own timed calls take."""
+    groups: dict[tuple[str, str, str, str, str], list[FusionCandidate]] = {}
+    for c in found.candidates:
+        groups.setdefault((c.step, c.kind, c.op, c.key, c.pattern()), []).append(c)
+    step_ms = {step.name: step.step_ms for step in found.steps}
+    rows = []
+    for (step, kind, op, key, pattern), members in groups.items():
+        norm_ms = sum(c.calls * c.call_us for c in members) / 1e3
+        share = norm_ms / step_ms[step] if step_ms.get(step) else 0.0
+        rows.append((step, kind, op, key, sum(c.calls for c in members),
+                     marked(f"{100 * share:.1f}%", share_problem(share)), pattern))
+    return rows
+
+
 def capture_shapes(op: str, path: str) -> tuple[str, str, int]:
-    """The shapes, dtypes and thread count a capture recorded for an op, as sweep arguments."""
+    """The shapes, dtypes and thread count a capture recorded for an op (its norm calls, or the
+    fusion candidates it computes), as sweep arguments."""
     get_op(op)
     found = Capture.load(path)
-    calls = found.of_op(op)
-    if not calls:
-        held = ", ".join(sorted({c.op for c in found.calls})) or "no norm calls"
-        raise UserError(f"capture {path!r} records no {op} calls (it holds {held})")
-    shapes = sorted({c.shape for c in calls}, key=lambda s: (s[-1], len(s), s))
-    dtypes = sorted({c.dtype for c in calls})
+    keys = found.keys_of(op)
+    if not keys:
+        held = ", ".join(sorted({c.op for c in [*found.calls, *found.candidates]}))
+        why = (f"; no fusion candidates were found: {found.trace_problem}" if found.trace_problem
+               else "; fusion candidates were not looked for: capture(..., candidates=True)"
+               if found.calls and not found.traced else "")
+        raise UserError(f"capture {path!r} records no {op} calls (it holds "
+                        f"{held or 'no norm calls'}){why}")
+    shapes = sorted({shape for shape, _ in keys}, key=lambda s: (s[-1], len(s), s))
+    dtypes = sorted({dtype for _, dtype in keys})
     return ",".join(format_shape(s) for s in shapes), ",".join(dtypes), found.threads
 
 
