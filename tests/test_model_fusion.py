@@ -1,0 +1,145 @@
+"""Residual add + norm fused in a model: eagerly by `patch(..., fuse=True)` (one fused call per
+decoder layer) and under torch.compile by `fusionlab.backend` (every add feeding a norm, across
+layer boundaries). Tiny random Llama, Qwen3 (QK-norms) and GPT-2, real sweeps, no mocks."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from torch._dynamo.utils import counters
+
+import fusionlab
+from fusionlab import causal_lm_steps, patch, sweep, tiny_model
+from fusionlab.errors import UserError
+from fusionlab.model.models import random_causal_lm
+
+TOKENS = 8
+LAYERS = 2
+LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": LAYERS}
+QWEN3 = transformers.Qwen3Config(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=256,
+)
+SHAPES = f"1x{TOKENS}x64,1x1x64"  # prefill and decode rows of the hidden size
+
+
+def _storage(tmp: Path, op: str, dtype: str = "float32", variants: str = "builtin,naive") -> str:
+    url = f"sqlite:///{tmp / f'{op}-{dtype}.db'}"
+    sweep(op, SHAPES, dtype, storage=url, quick=True, variants=variants)
+    return url
+
+
+@pytest.fixture(scope="module")
+def add_rmsnorm_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _storage(tmp_path_factory.mktemp("fusion"), "add_rmsnorm")
+
+
+def _logits(model: torch.nn.Module) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [step.run() for step in causal_lm_steps(model, TOKENS)]
+
+
+def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    for have, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(have, expected, atol=1e-4, rtol=1e-4)
+        agree = (have.argmax(-1) == expected.argmax(-1)).float().mean().item()
+        assert agree >= 0.99
+
+
+def _patched_anywhere(model: torch.nn.Module) -> bool:
+    return any("forward" in m.__dict__ for m in model.modules())
+
+
+def _fuse(model: torch.nn.Module, url: str) -> fusionlab.PatchHandle:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # norms without rmsnorm results keep their forward
+        return patch(model, storage=url, fuse=True)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_eager_fuse_runs_one_fused_call_per_layer_and_undoes(name, add_rmsnorm_url) -> None:
+    model = (tiny_model("llama-tiny", overrides=LLAMA) if name == "llama"
+             else random_causal_lm(QWEN3))
+    reference = _logits(model)
+    handle = _fuse(model, add_rmsnorm_url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused = _logits(model)
+    _close(fused, reference)
+    # causal_lm_steps fills the cache once, then prefill and decode: 3 forwards x 1 per layer
+    assert handle.fused_calls() == 3 * LAYERS
+    report = handle.report()
+    assert f"fused: {LAYERS} layer(s) (model.layers.0, ...)" in report
+    assert "post_attention_layernorm as one add_rmsnorm call" in report
+    rows = [r for r in handle.all_rows() if r.op == "add_rmsnorm"]
+    assert {r.key for r in rows} == {f"1x{TOKENS}x64 float32", "1x1x64 float32"}
+    assert {r.match for r in rows} == {"exact"} and len(rows) == 2 * LAYERS
+    handle.undo()
+    assert not _patched_anywhere(model)
+    for got, want in zip(_logits(model), reference, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_gpt2_fuses_add_layernorm_and_a_rounding_winner_is_refused(tmp_path: Path) -> None:
+    model = tiny_model("gpt2-tiny", overrides={"n_embd": 64, "n_layer": LAYERS})
+    url = _storage(tmp_path, "add_layernorm")
+    reference = _logits(model)
+    handle = _fuse(model, url)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _close(_logits(model), reference)
+    assert handle.fused_calls() == 3 * LAYERS
+    assert "ln_2 as one add_layernorm call" in handle.report()
+    handle.undo()
+    assert not _patched_anywhere(model)
+
+    # bfloat16: the naive chain normalises the float32 sum, the block its bf16-rounded sum
+    model = tiny_model("gpt2-tiny", torch.bfloat16, overrides={"n_embd": 64, "n_layer": LAYERS})
+    naive = _storage(tmp_path, "add_layernorm", "bfloat16", "naive")
+    reference = _logits(model)
+    handle = _fuse(model, naive)
+    with pytest.warns(UserWarning, match="keeps its add and norm apart: numerics differ"):
+        got = _logits(model)
+    assert all(torch.equal(a, b) for a, b in zip(got, reference, strict=True))
+    assert handle.fused_calls() == 0
+    assert "naive disagrees with the add + norm" in handle.report()
+    handle.undo()
+
+
+def test_compile_pass_fuses_every_add_before_a_norm_without_graph_break(add_rmsnorm_url) -> None:
+    model = tiny_model("llama-tiny", overrides=LLAMA)
+    ids = {n: torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
+           for n in (TOKENS, 11)}
+    with torch.no_grad():
+        reference = {n: model(i, use_cache=False).logits for n, i in ids.items()}
+        torch._dynamo.reset()
+        counters.clear()
+        fusing = fusionlab.backend(storage=add_rmsnorm_url)
+        compiled = torch.compile(model, backend=fusing)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # length 11 has no exact cell: nearest rule
+            got = {n: compiled(i, use_cache=False).logits for n, i in ids.items()}
+    assert sum(counters["graph_break"].values()) == 0
+    # each layer's two adds feed a norm (the next layer's first, or the final one)
+    assert fusing.rewrites and all(count == 2 * LAYERS for count in fusing.rewrites)
+    assert fusing.fused_calls() == 2 * LAYERS * len(ids)
+    for n in ids:
+        _close([got[n]], [reference[n]])
+    assert "not fused" not in fusing.report()
+
+
+def test_fusing_without_results_or_known_layers_is_refused_in_one_line(tmp_path: Path) -> None:
+    model = tiny_model("llama-tiny", overrides=LLAMA)
+    empty = _storage(tmp_path, "rmsnorm")
+    with pytest.raises(UserError, match=r"fuse=True: no add_rmsnorm results to fuse with"):
+        patch(model, storage=empty, fuse=True)
+    with pytest.raises(UserError, match=r"fusionlab.backend: no add_layernorm or add_rmsnorm"):
+        fusionlab.backend(storage=empty)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+    with pytest.raises(UserError, match="Sequential has no decoder layer of a known shape"):
+        patch(plain, storage=empty, fuse=True)
+    assert not _patched_anywhere(model) and not _patched_anywhere(plain)
