@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import run_cli
 from torch._dynamo.utils import counters
 
 import fusionlab
-from fusionlab import causal_lm_steps, patch, sweep, tiny_model
+from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
 from fusionlab.model.models import random_causal_lm
+from fusionlab.search.storage import open_storage
 
 TOKENS = 8
 LAYERS = 2
@@ -132,14 +134,32 @@ def test_compile_pass_fuses_every_add_before_a_norm_without_graph_break(add_rmsn
     assert "not fused" not in fusing.report()
 
 
-def test_fusing_without_results_or_known_layers_is_refused_in_one_line(tmp_path: Path) -> None:
-    model = tiny_model("llama-tiny", overrides=LLAMA)
-    empty = _storage(tmp_path, "rmsnorm")
-    with pytest.raises(UserError, match=r"fuse=True: no add_rmsnorm results to fuse with"):
-        patch(model, storage=empty, fuse=True)
+def test_fusing_without_results_or_known_layers_is_refused_in_one_line(
+    add_rmsnorm_url, tmp_path: Path
+) -> None:
+    gpt2 = tiny_model("gpt2-tiny", overrides={"n_embd": 64, "n_layer": 1})
+    with pytest.raises(UserError, match=r"fuse=True: no add_layernorm results to fuse with"):
+        patch(gpt2, storage=add_rmsnorm_url, fuse=True)
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    open_storage(empty)  # a real storage with no results in it
     with pytest.raises(UserError, match=r"fusionlab.backend: no add_layernorm or add_rmsnorm"):
         fusionlab.backend(storage=empty)
     plain = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
     with pytest.raises(UserError, match="Sequential has no decoder layer of a known shape"):
-        patch(plain, storage=empty, fuse=True)
-    assert not _patched_anywhere(model) and not _patched_anywhere(plain)
+        patch(plain, storage=add_rmsnorm_url, fuse=True)
+    assert not _patched_anywhere(gpt2) and not _patched_anywhere(plain)
+
+
+def test_bench_model_fuse_without_results_exits_2_in_one_line(tmp_path: Path) -> None:
+    model = tiny_model("llama-tiny", overrides=LLAMA)
+    capture(model, causal_lm_steps(model, TOKENS)).save(tmp_path / "cap.json")
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    open_storage(empty)
+    config = ",".join(f"{key}={value}" for key, value in LLAMA.items())
+    result = run_cli("bench-model", "--capture", "cap.json", "--model", "llama-tiny", "--config",
+                     config, "--tokens", str(TOKENS), "--storage", empty, "--fuse", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [
+        "fusionlab: fuse=True: no add_rmsnorm results to fuse with; run `fusionlab sweep "
+        "add_rmsnorm --shapes ROWSxHIDDEN` at the model's shapes first"
+    ]

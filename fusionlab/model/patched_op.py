@@ -80,10 +80,10 @@ def patched_add_norm(x: torch.Tensor, residual: torch.Tensor,
     its kernel for x's key, or by the layer's own add and norm."""
     y, total = _module(slot).run(x, residual)
     y, total = y.contiguous(), total.contiguous()
-    inputs = {x.data_ptr(), residual.data_ptr()}
+    inputs = {x.data_ptr(), residual.data_ptr()}  # a custom op's outputs may not alias
     y = y.clone() if y.data_ptr() in inputs else y
-    total = total.clone() if total.data_ptr() in inputs or total.data_ptr() == y.data_ptr() else total
-    return y, total
+    taken = inputs | {y.data_ptr()}
+    return y, total.clone() if total.data_ptr() in taken else total
 
 
 @patched_add_norm.register_fake
