@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--variants", default="builtin,naive,cpp")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    # the compiled configurations compile one model's code three times each (cache fill,
+    # prefill, decode): more entries than dynamo's default limit per code object
+    torch._dynamo.config.recompile_limit = 64
     warnings.simplefilter("ignore")  # fallbacks are in the reports; the table says the rest
     config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
               "num_hidden_layers": args.layers, "num_attention_heads": 8,
