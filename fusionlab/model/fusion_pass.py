@@ -44,7 +44,7 @@ class FusionBackend:
     """The backend: call it as torch.compile does; `fused` holds every add + norm it rewrote,
     `notes` every norm after an add it left alone, with why."""
 
-    def __init__(self, dispatcher_for: Callable[[str], Dispatcher],
+    def __init__(self, dispatcher_for: Callable[[str], Dispatcher | None],
                  compile_graph: Callable[[fx.GraphModule, list[Any]], Callable[..., Any]]) -> None:
         self.dispatcher_for, self.compile_graph = dispatcher_for, compile_graph
         self.dispatchers: dict[str, Dispatcher | None] = {}
@@ -61,7 +61,8 @@ class FusionBackend:
         """The op's dispatcher, or None when there are no results of it."""
         if op not in self.dispatchers:
             dispatcher = self.dispatcher_for(op)
-            self.dispatchers[op] = dispatcher if dispatcher.has_results() else None
+            has = dispatcher is not None and dispatcher.has_results()
+            self.dispatchers[op] = dispatcher if has else None
         return self.dispatchers[op]
 
     def fused_calls(self) -> int:
@@ -85,13 +86,13 @@ def backend(storage: str | None = None, winners: str | dict[str, str] | None = N
     results at all."""
     from fusionlab.model.patch import _dispatcher
 
-    def dispatcher_for(op: str) -> Dispatcher:
+    def dispatcher_for(op: str) -> Dispatcher | None:
+        if isinstance(winners, dict) and op not in winners:
+            return None  # no winners file for this fused op: its adds stay apart
         return _dispatcher(op, storage, winners, rank_by)
 
     made = FusionBackend(dispatcher_for, _inductor if inductor else _as_is)
     ops = sorted(FUSED_OPS.values())
-    if isinstance(winners, dict):
-        ops = [op for op in ops if op in winners]
     if not any(made.dispatcher(op) is not None for op in ops):
         raise UserError(f"fusionlab.backend: no {' or '.join(ops)} results to fuse with; run "
                         "`fusionlab sweep add_rmsnorm --shapes ROWSxHIDDEN` at the model's shapes")
