@@ -78,13 +78,17 @@ class FusionBackend:
         return "\n".join(lines + self.notes)
 
 
-def backend(storage: str | None = None, winners: str | dict[str, str] | None = None,
+def backend(storage: str | None = None, winners: dict[str, str] | None = None,
             rank_by: str = "cold", inductor: bool = True) -> FusionBackend:
     """A torch.compile backend that fuses each residual add + norm with the winners in `storage`
     (or `winners`: {op: winners file}), then compiles with inductor (`inductor=False`: runs the
     rewritten graph as it is). Refused in one line when there are no add_rmsnorm or add_layernorm
     results at all."""
     from fusionlab.model.patch import _dispatcher
+
+    if winners is not None and not isinstance(winners, dict):
+        raise UserError("fusionlab.backend: give winners as {op: file}, e.g. "
+                        "winners={'add_rmsnorm': 'add_rmsnorm.json'}")
 
     def dispatcher_for(op: str) -> Dispatcher | None:
         if isinstance(winners, dict) and op not in winners:
