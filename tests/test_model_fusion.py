@@ -88,6 +88,26 @@ def test_eager_fuse_runs_one_fused_call_per_layer_and_undoes(name, add_rmsnorm_u
         assert torch.equal(got, want)
 
 
+def test_training_fused_gradients_match_the_unpatched_model(add_rmsnorm_url) -> None:
+    model = tiny_model("llama-tiny", overrides=LLAMA)
+    ids = torch.randint(0, 256, (1, TOKENS), generator=torch.Generator().manual_seed(1))
+
+    def gradients() -> dict[str, torch.Tensor]:
+        model.zero_grad()
+        model(ids, labels=ids, use_cache=False).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    reference = gradients()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = patch(model, storage=add_rmsnorm_url, fuse=True, mode="training")
+        fused = gradients()
+    assert handle.fused_calls() == LAYERS
+    for name, grad in reference.items():
+        torch.testing.assert_close(fused[name], grad, atol=1e-4, rtol=1e-4, msg=name)
+    handle.undo()
+
+
 def test_gpt2_fuses_add_layernorm_and_a_rounding_winner_is_refused(tmp_path: Path) -> None:
     model = tiny_model("gpt2-tiny", overrides=GPT2)
     url = _storage(tmp_path, "add_layernorm")
