@@ -2,7 +2,15 @@
 
 from fusionlab import _checkout  # noqa: F401  (first: it finds kernels/ and search/)
 from fusionlab.api import stored_cells, sweep
-from fusionlab.model import Capture, PatchHandle, capture, causal_lm_steps, patch, tiny_model
+from fusionlab.model import (
+    Capture,
+    PatchHandle,
+    backend,
+    capture,
+    causal_lm_steps,
+    patch,
+    tiny_model,
+)
 from fusionlab.op import OpSpec, Tolerance
 from fusionlab.plan import make_plan
 from fusionlab.records import Status, TrialRecord
@@ -17,6 +25,7 @@ __all__ = [
     "Status",
     "Tolerance",
     "TrialRecord",
+    "backend",
     "capture",
     "causal_lm_steps",
     "make_plan",

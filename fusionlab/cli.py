@@ -122,6 +122,11 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--ops", help="comma-separated ops to patch (default: all captured)")
     bench.add_argument("--runs", type=int, default=30, help="alternating runs per step")
     bench.add_argument(
+        "--fuse", action="store_true",
+        help="also run each decoder layer's residual add + norm as one add_rmsnorm / "
+        "add_layernorm call (needs their sweep results; see docs/fusion.md)",
+    )
+    bench.add_argument(
         "--train", action="store_true",
         help="time full training steps (forward, next-token cross-entropy, backward, AdamW) "
         "patched vs an unpatched copy, with peak memory and every parameter's gradient compared; "

@@ -118,6 +118,10 @@ class Dispatcher:
         self._checked: set[tuple[int, str]] = set()
         self._warned: set[str] = set()
 
+    def has_results(self) -> bool:
+        """Whether the storage or winners file holds any winner of the op (any device)."""
+        return bool(self._entries)
+
     def _add(self, device_name: str, threads: int, dtype: str, entry: _Entry) -> None:
         self._entries.setdefault((device_name, threads, dtype), []).append(entry)
 

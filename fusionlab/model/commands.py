@@ -203,7 +203,7 @@ def bench_model_command(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         handle = patch(model, found, storage=args.storage, winners=args.winners, ops=ops,
-                       mode="training" if args.train else "inference")
+                       mode="training" if args.train else "inference", fuse=args.fuse)
     for warning in caught:
         if str(warning.message).startswith("fusionlab"):
             _say(f"warning: {warning.message}")

@@ -86,12 +86,17 @@ def why_not_recognised(module: nn.Module) -> str:
 
 
 def _op_by_class(module: nn.Module) -> str | None:
-    if isinstance(module, nn.LayerNorm):
+    return op_of_class(type(module))
+
+
+def op_of_class(cls: type) -> str | None:
+    """The op a norm class computes, by the class alone (see `norm_op`), or None."""
+    if issubclass(cls, nn.LayerNorm):
         return "layernorm"
-    if isinstance(module, nn.RMSNorm):
+    if issubclass(cls, nn.RMSNorm):
         return "rmsnorm"
-    name = type(module).__name__
-    if getattr(type(module), "kernel_layer_name", None) == "RMSNorm" or name.endswith("RMSNorm"):
+    name = cls.__name__
+    if getattr(cls, "kernel_layer_name", None) == "RMSNorm" or name.endswith("RMSNorm"):
         return "rmsnorm"
     if name.endswith("LayerNorm"):
         return "layernorm"
@@ -131,14 +136,21 @@ def inspect_norm(module: nn.Module, x: torch.Tensor,
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         return NormInfo(op, float(eps or 0.0))  # torch's own modules: fused, rounded once
     assert eps is not None
-    bias = getattr(module, "bias", None)
     with torch.no_grad():
         out = (forward or module)(x)
+    return numerics_of(op, out, x, module.weight, getattr(module, "bias", None), eps)
+
+
+def numerics_of(op: str, out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, eps: float) -> NormInfo:
+    """The candidate formula that gives `out` from x bit for bit (in float32 the castings round
+    alike: the first wins, and one within float32 tolerance counts as "none"), else "unknown"."""
+    with torch.no_grad():
         candidates = (
-            [(casting, 0.0, layer_norm_with(x, module.weight, bias, eps, casting))
+            [(casting, 0.0, layer_norm_with(x, weight, bias, eps, casting))
              for casting in ("none", "llama")]
             if op == "layernorm"
-            else [(casting, offset, rms_norm_with(x, module.weight, eps, casting, offset))
+            else [(casting, offset, rms_norm_with(x, weight, eps, casting, offset))
                   for casting, offset in _CANDIDATES]
         )
         for casting, offset, expected in candidates:  # in float32 several match: the first wins

@@ -12,7 +12,7 @@ import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tabulate import tabulate
@@ -34,10 +34,13 @@ from fusionlab.runtime import Choice, Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
 from fusionlab.shapes import DTYPES, dtype_name, format_shape
 
+if TYPE_CHECKING:
+    from fusionlab.model.fuse import FusedLayer
+
 MODES = ("inference", "training")
 _FUSION_NOTE = (
-    "not fused: the residual add happens inside the decoder layer's own forward; fusing it with "
-    "the next norm (add_rmsnorm) needs that forward rewritten, which fusionlab does not do yet"
+    "not fused: each residual add runs apart from the norm after it; patch(..., fuse=True) runs "
+    "the add after the attention and the norm after it as one add_rmsnorm / add_layernorm call"
 )
 
 
@@ -127,8 +130,10 @@ class PatchHandle:
 
     def __init__(self, model: nn.Module, modules: list[PatchedModule], rows: list[PatchRow],
                  fused: list[str], capture: Capture, winners_source: dict[str, Any],
-                 skipped: list[SkippedNorm] | None = None, mode: str = "inference") -> None:
+                 skipped: list[SkippedNorm] | None = None, mode: str = "inference",
+                 layers: list[FusedLayer] | None = None) -> None:
         self.model, self.modules, self.rows, self.fused = model, modules, rows, fused
+        self.layers = layers or []  # decoder layers whose add + norm run fused (fuse=True)
         self.mode = mode  # "training": every chosen kernel has a backward
         self.skipped = skipped or []  # modules that look like norms and keep their own forward
         self.capture, self.winners_source = capture, winners_source
@@ -137,9 +142,9 @@ class PatchHandle:
         self.redo()
 
     def report(self) -> str:
-        """Module, key, chosen variant, exact/nearest/fallback, numerics and why (keys resolved
-        after patching included); then the modules that look like norms and were not patched,
-        with why; then the fusion notes."""
+        """Module (or fused layer), key, chosen variant, exact/nearest/fallback, numerics and
+        why (keys resolved after patching included); then the modules that look like norms and
+        were not patched, with why; then which layers' adds were fused and which not."""
         rows = self.all_rows()
         table = tabulate(
             [(r.path, r.op, r.key, r.variant, r.match, r.numerics, r.why) for r in rows],
@@ -151,11 +156,20 @@ class PatchHandle:
         return "\n".join([table, *skipped, *self.fused])
 
     def all_rows(self) -> list[PatchRow]:
-        """The keys resolved at patch time, then those each module resolved on first use."""
-        return self.rows + [r for m in self.modules for r in m.late_rows]
+        """The keys resolved at patch time, then those each module (and fused layer) resolved
+        on first use."""
+        return (self.rows + [r for m in self.modules for r in m.late_rows]
+                + [r for layer in self.layers for r in layer.add_norm.rows])
+
+    def fused_calls(self) -> int:
+        """How many fused add + norm kernel calls have run (a layer's own add and norm, where it
+        keeps them, not counted)."""
+        return sum(layer.add_norm.calls for layer in self.layers)
 
     def undo(self) -> None:
-        """Give every module its own forward back."""
+        """Give every module and layer its own forward back."""
+        for layer in self.layers:
+            layer.undo()
         for entry in self.modules:
             saved = self._saved[entry.path]
             if saved is None:
@@ -167,6 +181,8 @@ class PatchHandle:
         """Patch again after `undo` (the choices stay resolved)."""
         for entry in self.modules:
             entry.module.forward = self._forwards[entry.path]
+        for layer in self.layers:
+            layer.patch()
 
     def benchmark(self, steps: list[Any], runs: int = 30) -> Any:
         """Time the model patched and unpatched alternately (see fusionlab.model.bench)."""
@@ -225,17 +241,34 @@ def patch(
     ops: list[str] | None = None,
     mode: str = "inference",
     rank_by: str = "cold",
+    fuse: bool = False,
 ) -> PatchHandle:
     """Replace each captured norm module's forward with the winner for its keys.
 
     `winners`: a winners file (`fusionlab export OP --format json`), or {op: file}; else
     `storage`. A key whose winner is missing, disagrees with the module or lacks its numerics
     keeps the module's own forward (a warning says why). Without a capture, every norm module
-    capture would find is patched and each key is resolved on its first call."""
+    capture would find is patched and each key is resolved on its first call.
+    `fuse`: also run each decoder layer's residual add after the attention and the norm after it
+    as one add_rmsnorm / add_layernorm call (fusionlab/model/fuse.py)."""
     if mode not in MODES:
         raise UserError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    return _patch_norms(model, capture, storage, winners, ops, mode, rank_by, fuse)
+
+
+def _fused_layers(model: nn.Module, storage: str | None, winners: str | dict[str, str] | None,
+                  mode: str, rank_by: str) -> tuple[list[FusedLayer], list[str]]:
+    from fusionlab.model.fuse import fuse_layers
+
+    return fuse_layers(model, lambda op: _dispatcher(op, storage, winners, rank_by), mode)
+
+
+def _patch_norms(model: nn.Module, capture: Capture | str | None, storage: str | None,
+                 winners: str | dict[str, str] | None, ops: list[str] | None, mode: str,
+                 rank_by: str, fuse: bool) -> PatchHandle:
+    layers, notes = _fused_layers(model, storage, winners, mode, rank_by) if fuse else ([], [])
     if capture is None:
-        return _patch_found_norms(model, storage, winners, ops, mode, rank_by)
+        return _patch_found_norms(model, storage, winners, ops, mode, rank_by, layers, notes)
     if isinstance(capture, str):
         capture = Capture.load(capture)
     calls = [c for c in capture.calls if c.source == "module" and (ops is None or c.op in ops)]
@@ -265,11 +298,15 @@ def patch(
         if row.match == "fallback":
             warnings.warn(f"fusionlab: {row.path} at {row.key} keeps its own forward: {row.why}",
                           stacklevel=2)
+    return PatchHandle(model, list(modules.values()), rows, notes or _fusion_note(model),
+                       capture, {"storage": storage, "winners": winners, "rank_by": rank_by},
+                       _not_patched(model, set(modules), capture, ops), mode, layers)
+
+
+def _fusion_note(model: nn.Module) -> list[str]:
+    """Without fuse=True: that the decoder layers' adds run apart from their norms."""
     layers = _decoder_layers(model)
-    fused = [f"{len(layers)} decoder layer(s) ({layers[0]}, ...): {_FUSION_NOTE}"] if layers else []
-    return PatchHandle(model, list(modules.values()), rows, fused, capture,
-                       {"storage": storage, "winners": winners, "rank_by": rank_by},
-                       _not_patched(model, set(modules), capture, ops), mode)
+    return [f"{len(layers)} decoder layer(s) ({layers[0]}, ...): {_FUSION_NOTE}"] if layers else []
 
 
 def _not_patched(model: nn.Module, patched: set[str], capture: Capture,
@@ -291,7 +328,8 @@ def _not_patched(model: nn.Module, patched: set[str], capture: Capture,
 
 def _patch_found_norms(model: nn.Module, storage: str | None,
                        winners: str | dict[str, str] | None, ops: list[str] | None, mode: str,
-                       rank_by: str) -> PatchHandle:
+                       rank_by: str, layers: list[FusedLayer],
+                       notes: list[str]) -> PatchHandle:
     """Patch without a capture: the norm modules found as capture finds them, their numerics
     probed on a random input in the weight's dtype, every key resolved on first use (and added to
     the report then)."""
@@ -308,9 +346,9 @@ def _patch_found_norms(model: nn.Module, storage: str | None,
         modules.append(entry)
     device = modules[0].module.weight.device.type
     empty = Capture(type(model).__name__, device, torch.get_num_threads(), [], [])
-    return PatchHandle(model, modules, [], [], empty,
+    return PatchHandle(model, modules, [], notes or _fusion_note(model), empty,
                        {"storage": storage, "winners": winners, "rank_by": rank_by},
-                       _not_patched(model, {m.path for m in modules}, empty, ops), mode)
+                       _not_patched(model, {m.path for m in modules}, empty, ops), mode, layers)
 
 
 def _probed_call(path: str, module: nn.Module, op: str) -> NormCall:
