@@ -60,9 +60,13 @@ def test_sweep_table_fits_and_keeps_the_essentials(swept, width: int) -> None:
     result = first if width == 80 else run_at(width, *SWEEP, "--storage", url, cwd=folder)
     assert widest(result.stdout) <= width
     header = result.stdout.lstrip("\n").splitlines()[0]
-    for essential in ("shape", "dtype", "winner", "decision [95% CI]", "vs naive"):
+    for essential in ("shape", "dtype", "winner", "decision [95% CI]"):
         assert essential in header
     assert "more columns: --wide" in result.stdout
+    # Next in priority: at 120 columns always shown; at 80 shown, or (when a busy machine's
+    # marked, longer decisions take its room) named among the columns left out.
+    more = " ".join(result.stdout.partition("more columns:")[2].split())
+    assert "vs naive" in header or (width == 80 and "speedup_vs_baseline" in more)
 
 
 def test_sweep_wide_has_every_column(swept) -> None:
