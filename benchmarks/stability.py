@@ -5,9 +5,11 @@ cell where two runs name different winners that each claim `faster`: the one out
 trustworthy verdict must never produce (an `equivalent` or `inconclusive` cell may name another
 variant). Counts, per run, the `inconclusive` cells, the ratios outside their own interval (the
 runner-up's, and each vs-baseline ratio: all come from the same interleaved rounds, so none may
-be), the figures marked as measured while busy (`!`) and as noisy (`~`), and its wall and CPU
-time. With --hog, a busy-loop process per core runs beside every sweep. Exit code 1 when any cell
-is flagged or any ratio lies outside its interval.
+be), the figures marked as measured while busy (`!`) and as noisy (`~`), the gate's false
+positives (every variant of the default sweep is honest, so any configuration the gate accuses is
+one; `unjudged` ones, which accuse nothing, are counted apart), and its wall and CPU time. With
+--hog, a busy-loop process per core runs beside every sweep. Exit code 1 when any cell is flagged,
+any ratio lies outside its interval or the gate accuses an honest variant.
 
     python benchmarks/stability.py [--op rmsnorm] [--runs 3] [--hog] [-- extra sweep arguments]
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from fusionlab.records import Status
 from fusionlab.report.tables import display_rows
 from fusionlab.results import WinnerRow, WinnersFile
 
@@ -49,6 +52,21 @@ def _outside(row: WinnerRow) -> int:
         if value is not None and interval is not None and None not in interval
         and not interval[0] <= value <= interval[1]
     )
+
+
+# What the gate says of a variant it believes cheats or computes wrong values.
+ACCUSING = {Status.INCORRECT, Status.STALE_RESULT, Status.REUSED_MEMORY, Status.SUSPICIOUS,
+            Status.INCONSISTENT}
+
+
+def _accused(rows: list[WinnerRow], statuses: set[Status]) -> dict[str, int]:
+    """Configurations ended with one of `statuses`, by status, over the run's cells."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for status, count in row.failures.items():
+            if Status(status) in statuses:
+                counts[status] = counts.get(status, 0) + count
+    return counts
 
 
 def _run(
@@ -89,7 +107,7 @@ def main() -> int:
     parser.add_argument("--hog", action="store_true", help="a busy-loop process on every core")
     parser.add_argument("extra", nargs="*", help="more `fusionlab sweep` arguments, after --")
     args = parser.parse_args()
-    runs, summary, outside = [], [], 0
+    runs, summary, outside, accused = [], [], 0, 0
     hogs = _hogs(args.hog)
     try:
         with tempfile.TemporaryDirectory() as name:
@@ -99,11 +117,17 @@ def main() -> int:
                 unsure = sum(row.decision == "inconclusive" for row in typed)
                 wrong = sum(_outside(row) for row in typed)
                 outside += wrong
+                false_positives = _accused(typed, ACCUSING)
+                accused += sum(false_positives.values())
+                unjudged = _accused(typed, {Status.UNJUDGED})
                 summary.append(
                     f"run {index + 1}: wall {seconds:.1f} s, CPU {cpu:.1f} s, {unsure} of "
                     f"{len(typed)} cells inconclusive, {wrong} ratios outside their interval, "
                     f"{sum(len(row.disturbed) for row in typed)} figures marked busy (!), "
-                    f"{sum(len(row.noisy) for row in typed)} marked noisy (~)"
+                    f"{sum(len(row.noisy) for row in typed)} marked noisy (~), "
+                    f"{sum(false_positives.values())} honest configurations accused"
+                    f"{f' {false_positives}' if false_positives else ''}, "
+                    f"{sum(unjudged.values())} unjudged"
                 )
                 print(summary[-1], file=sys.stderr)
     finally:
@@ -132,7 +156,8 @@ def main() -> int:
     print("\n".join(summary) + (" (with a busy-loop process on every core)" if args.hog else ""))
     print(f"{flagged} of {len(table)} cells name two different winners that each claim `faster`")
     print(f"{outside} ratios outside their own interval over {args.runs} runs")
-    return 1 if flagged or outside else 0
+    print(f"{accused} honest configurations accused by the gate over {args.runs} runs")
+    return 1 if flagged or outside or accused else 0
 
 
 if __name__ == "__main__":
