@@ -22,7 +22,7 @@ from fusionlab.model.fused_add_norm import FUSED_OPS
 from fusionlab.model.fusion_pass import FusionBackend, backend
 from fusionlab.model.models import Step
 from fusionlab.model.patch import PatchHandle, patch
-from fusionlab.model.sweep_saving import predicted_saving_ms, sweep_times
+from fusionlab.model.sweep_saving import predicted_saving, sweep_times
 
 EAGER = "eager"
 CONFIGS = (EAGER, "patched", "patched+fused", "compile", "compile+patched", "compile+fused pass")
@@ -70,6 +70,7 @@ class FusionRow:
     argmax_agreement: float = 0.0
     compile_ms: float | None = None
     failed: str = ""
+    predicted_problem: str = ""  # why a sweep figure behind the prediction is implausible
 
     @property
     def median_ms(self) -> float:
@@ -204,16 +205,17 @@ def _with_prediction(row: FusionRow, configs: list[Configuration], patching: Pat
     assert handle is not None
     device = next((p.device.type for p in handle.model.parameters()), "cpu")
     ops = {r.op for r in handle.all_rows()}
-    saving, reason = predicted_saving_ms(
+    prediction = predicted_saving(
         handle, row.step, sweep_times(patching.storage, ops, torch.get_num_threads(), device)
     )
-    if saving is None:
-        why[row.config] = reason
+    if prediction.saving_ms is None:
+        why[row.config] = prediction.why_none
         return row
     eager_ms = next(r.median_ms for r in rows if r.step == row.step and r.config == EAGER)
-    gain = eager_ms / max(eager_ms - saving, 1e-9)
+    gain = eager_ms / max(eager_ms - prediction.saving_ms, 1e-9)
     return FusionRow(row.step, row.config, row.samples_ms, row.ratio, row.low, row.high, gain,
-                     row.max_diff, row.argmax_agreement, row.compile_ms)
+                     row.max_diff, row.argmax_agreement, row.compile_ms,
+                     predicted_problem=prediction.problem)
 
 
 def best_of(rows: list[FusionRow], step: str) -> tuple[FusionRow, FusionRow, tuple[float, ...]]:

@@ -74,7 +74,7 @@ def _problems(row: FusionRow) -> dict[str, str]:
     found = {
         "gain": ratio_problem(row.ratio, "measured gain"),
         "predicted": "" if row.predicted is None
-        else ratio_problem(row.predicted, "predicted gain"),
+        else row.predicted_problem or ratio_problem(row.predicted, "predicted gain"),
     }
     return {figure: problem for figure, problem in found.items() if problem}
 

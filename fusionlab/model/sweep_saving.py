@@ -5,8 +5,10 @@ the norm) against the chosen fused variant. Nothing here runs the model."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fusionlab.plausible import ratio_problem
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
 from fusionlab.shapes import format_shape
@@ -34,14 +36,24 @@ def sweep_times(storage: str, ops: set[str], threads: int, device: str) -> Times
     return times
 
 
-def predicted_saving_ms(handle: PatchHandle, step: str, times: Times) -> tuple[float | None, str]:
-    """(saving in ms of the step, "") or (None, why no honest prediction exists). Needs every
-    key the step resolved in the sweep results, and the chosen variants run (rows exist)."""
+@dataclass(frozen=True)
+class Prediction:
+    """A step's predicted saving, why there is none, or why a sweep figure it used is
+    implausible (a naive chain beyond 100x its winner is a disturbed measurement)."""
+
+    saving_ms: float | None
+    why_none: str = ""
+    problem: str = ""
+
+
+def predicted_saving(handle: PatchHandle, step: str, times: Times) -> Prediction:
+    """Over the step's captured module calls, each key's calls x (naive - chosen). None, with
+    why, unless every key the step resolved has sweep results of both (rows exist once run)."""
     rows = {(r.path, r.key): r for r in handle.rows + [r for m in handle.modules
                                                        for r in m.late_rows]}
     fused = {f"{layer.path}.{layer.shape.norm}": {r.key: r for r in layer.add_norm.rows}
              for layer in handle.layers}
-    saving = 0.0
+    saving, problem = 0.0, ""
     for call in handle.capture.calls:
         if call.step != step or call.source != "module":
             continue
@@ -50,19 +62,24 @@ def predicted_saving_ms(handle: PatchHandle, step: str, times: Times) -> tuple[f
             row = rows.get((call.path, call.key))
         if row is None or row.variant.startswith("("):
             continue  # the module's own forward runs: no saving
-        per_call, why = _per_call_saving(row, times)
-        if per_call is None:
-            return None, why
-        saving += call.calls * per_call
-    return saving, ""
+        labels = times.get((row.op, row.key), {})
+        why = _missing(row, labels)
+        if why:
+            return Prediction(None, why)
+        naive, chosen = labels[NAIVE], labels[row.variant]
+        problem = problem or ratio_problem(
+            naive / max(chosen, 1e-12), f"the sweep's naive / {row.variant} at {row.op} {row.key}"
+        )
+        saving += call.calls * (naive - chosen)
+    return Prediction(saving, problem=problem)
 
 
-def _per_call_saving(row: PatchRow, times: Times) -> tuple[float | None, str]:
-    labels = times.get((row.op, row.key))
-    if labels is None:
-        return None, f"no {row.op} sweep results at {row.key} (this thread count)"
+def _missing(row: PatchRow, labels: dict[str, float]) -> str:
+    """Why the sweep results cannot price this row's key ("" when they can)."""
+    if not labels:
+        return f"no {row.op} sweep results at {row.key} at this thread count"
     if NAIVE not in labels:
-        return None, f"the {row.op} sweep at {row.key} did not time the naive chain"
+        return f"the {row.op} sweep at {row.key} did not time the naive chain"
     if row.variant not in labels:
-        return None, f"the {row.op} sweep at {row.key} did not time {row.variant}"
-    return labels[NAIVE] - labels[row.variant], ""
+        return f"the {row.op} sweep at {row.key} did not time {row.variant}"
+    return ""
