@@ -7,13 +7,18 @@ short; inductor, the default, is what benchmarks/model_fusion.py measures."""
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
-from fusionlab import capture, causal_lm_steps, sweep, tiny_model
+from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.cli import main
-from fusionlab.model.fusion_bench import CONFIGS
+from fusionlab.model.capture import Capture
+from fusionlab.model.fusion_bench import CONFIGS, FusionResult, FusionRow
+from fusionlab.model.fusion_table import render_fusion
+from fusionlab.model.sweep_saving import predicted_saving, sweep_times
 
 TOKENS = 1
 LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1}
@@ -155,3 +160,32 @@ def test_bad_fuse_options_say_what_to_fix_in_one_line(tmp_path, capsys, extra, m
     assert code == 2
     assert capsys.readouterr().err.strip().splitlines() == [message]
     assert not (tmp_path / "results.db").exists()
+
+
+def test_a_disturbed_sweep_figure_marks_the_prediction(swept) -> None:
+    folder, url = swept
+    model = tiny_model("llama-tiny", overrides=LLAMA)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        handle = patch(model, Capture.load(folder / "cap.json"), storage=url, fuse=True)
+    with torch.no_grad():
+        for step in causal_lm_steps(model, TOKENS):
+            step.run()  # the fused layer resolves its key on first use
+    times = sweep_times(url, {"rmsnorm", "add_rmsnorm"}, torch.get_num_threads(), "cpu")
+    honest = predicted_saving(handle, "prefill", times)
+    # 1 layer: input_layernorm and the final norm as rmsnorm, the fused one as add_rmsnorm
+    chosen = {(r.op, r.key): r.variant for r in handle.all_rows()}
+    want = sum((times[op, key]["naive"] - times[op, key][chosen[op, key]]) * calls for op, calls
+               in (("rmsnorm", 2), ("add_rmsnorm", 1)) for key in ["1x1x64 float32"])
+    assert honest.saving_ms == pytest.approx(want) and honest.problem == ""
+
+    times["add_rmsnorm", "1x1x64 float32"]["naive"] *= 1e4  # as a sweep disturbed by load
+    disturbed = predicted_saving(handle, "prefill", times)
+    assert "is beyond 100x" in disturbed.problem and "add_rmsnorm 1x1x64" in disturbed.problem
+    row = FusionRow("prefill", "patched+fused", (1.0, 1.1), 1.0, 0.9, 1.1, 2.0,
+                    predicted_problem=disturbed.problem)
+    result = FusionResult([FusionRow("prefill", "eager", (1.0, 1.1)), row], 2, 1, "eager", {},
+                          {}, [])
+    shown = render_fusion(result)
+    assert "2.000x [disturbed]" in shown
+    assert f"disturbed: prefill patched+fused: {disturbed.problem[:40]}" in " ".join(shown.split())
