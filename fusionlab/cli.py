@@ -123,8 +123,15 @@ def _add_model_commands(commands: argparse._SubParsersAction) -> None:
     bench.add_argument("--runs", type=int, default=30, help="alternating runs per step")
     bench.add_argument(
         "--fuse", action="store_true",
-        help="also run each decoder layer's residual add + norm as one add_rmsnorm / "
-        "add_layernorm call (needs their sweep results; see docs/fusion.md)",
+        help="time six configurations side by side: eager, patched, patched + fused (each "
+        "decoder layer's add + norm as one add_rmsnorm / add_layernorm call), torch.compile, "
+        "compile + patched, compile + the fused pass (needs the fused op's sweep results; see "
+        "docs/fusion.md); with --train: training patched + fused against unpatched",
+    )
+    bench.add_argument(
+        "--compile-backend", choices=("inductor", "eager"),
+        help="the compiler of the --fuse compiled configurations (default inductor; eager runs "
+        "dynamo's graphs as traced, for quick checks)",
     )
     bench.add_argument(
         "--train", action="store_true",

@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from tabulate import tabulate
+from torch import nn
 
 from fusionlab.errors import UserError
 from fusionlab.model.bench import benchmark, render
 from fusionlab.model.candidates import FusionCandidate
 from fusionlab.model.capture import Capture, capture
 from fusionlab.model.configs import split_items
+from fusionlab.model.fusion_bench import Patching, measure_fusion
+from fusionlab.model.fusion_table import render_fusion
 from fusionlab.model.memory import check_steps_fit
 from fusionlab.model.models import Step, causal_lm_steps_at, module_steps
 from fusionlab.model.patch import patch
@@ -25,6 +29,7 @@ from fusionlab.plan import check_thread_count, load_user_variants
 from fusionlab.plausible import marked, share_problem
 from fusionlab.registry import get_op
 from fusionlab.report.export import check_writable
+from fusionlab.search.storage import DEFAULT_STORAGE
 from fusionlab.shapes import DTYPES, format_shape, parse_dtype
 
 
@@ -182,6 +187,13 @@ def capture_shapes(op: str, path: str) -> tuple[str, str, int]:
     return ",".join(format_shape(s) for s in shapes), ",".join(dtypes), found.threads
 
 
+def _steps_of(recipe: dict[str, Any]) -> Callable[[nn.Module], list[Step]]:
+    """How to make the recipe's steps for one copy of its model."""
+    if recipe.get("inputs"):
+        return lambda model: module_steps(model, example_inputs(recipe["inputs"], model))
+    return lambda model: causal_lm_steps_at(model, recipe["tokens"], recipe["seed"])
+
+
 def bench_model_command(args: argparse.Namespace) -> int:
     load_user_variants(args.plugin)
     found = Capture.load(args.capture)
@@ -194,6 +206,9 @@ def bench_model_command(args: argparse.Namespace) -> int:
             f"{args.capture} times the model on --inputs {recipe['inputs']}, not on token ids: "
             "--train times causal-LM training steps (next-token loss); bench it without --train"
         )
+    if args.compile_backend is not None and (args.train or not args.fuse):
+        raise UserError("--compile-backend chooses the compiler of the six --fuse configurations: "
+                        "give it with --fuse and without --train, or leave it out")
     if args.train:
         check_lengths(recipe["tokens"])
     model, steps = _model_from_recipe(recipe)
@@ -209,6 +224,14 @@ def bench_model_command(args: argparse.Namespace) -> int:
             _say(f"warning: {warning.message}")
     print(handle.report())
     print()
+    if args.fuse and not args.train:
+        handle.undo()
+        storage = args.storage or DEFAULT_STORAGE if args.winners is None else None
+        result = measure_fusion(model, _steps_of(recipe),
+                                Patching(found, storage, args.winners, ops), args.runs,
+                                args.compile_backend or "inductor", say=_say)
+        print(render_fusion(result))
+        return 0
     if not args.train:
         print(render(benchmark(handle, steps, args.runs), handle))
         return 0
