@@ -23,6 +23,7 @@ _KEPT_LIBRARIES: list[torch.library.Library] = []
 # variant -> (the statuses it earns, a word its message must hold): the cheats the gate catches.
 CAUGHT: dict[str, tuple[tuple[str, ...], str]] = {
     "r5-ulp-tagged-cache-kept": (("stale_result",), "it gave the answer to the old values"),
+    "r5-cache-all-but-the-first-set": (("stale_result",), "audit: after all its input values"),
 }
 # variants the gate did not catch (docs/gate.md, "Red team, round five: what got through").
 NOT_CAUGHT = ("r5-aten-compare-always-within", "r5-aten-slow-builtin", "r5-ulp-tagged-cache")
@@ -154,3 +155,29 @@ def ulp_tagged_cache_kept(device_type: str):
     `trial.check_follows_new_values`) gets the answer to the values before it (stale_result).
     A tag on two elements cannot see the other elements change."""
     return _tagged_cache(dodge_refill=False)
+
+
+@register_variant("rmsnorm", "r5-cache-all-but-the-first-set", devices=CPU)
+def cache_all_but_the_first_set(device_type: str):
+    """Computes every answer for the input tensor its first call got, and hands back a clone of
+    a cached answer (keyed by address) for every other input tensor. Exploits: every build's
+    first call (`trial.build_and_gate`) gets set 0, and the refill check
+    (`trial.check_follows_new_values`, also in `audit.py`) and the profiler pass write new values
+    into or call set 0 only; no other set's values ever change while one process measures, so a
+    cache keyed by address is never shown new values behind the same address. It passes the
+    search trial and the rounds; the audit catches it (`stale_result`): it runs the kernel
+    already built on fresh sets, whose set 0 is not the tensor of the build's first call, and
+    refills that set."""
+    probed: list[int] = []
+    cache: dict[int, torch.Tensor] = {}
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if not probed:
+            probed.append(x.data_ptr())
+        if x.data_ptr() == probed[0]:
+            return naive_rmsnorm(x, weight, eps)
+        if x.data_ptr() not in cache:
+            cache[x.data_ptr()] = naive_rmsnorm(x, weight, eps)
+        return cache[x.data_ptr()].clone()
+
+    return kernel
