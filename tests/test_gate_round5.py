@@ -50,6 +50,15 @@ def test_round_five_cheat_is_caught_with_the_rule_named(worker, variant, expecte
     assert word in outcome["message"] and "\n" not in outcome["message"], outcome["message"]
 
 
+def test_the_cheat_that_swaps_a_pair_in_the_shared_sets_is_caught() -> None:
+    """In a process of its own: it leaves the cell's shared input sets swapped behind it."""
+    variant, statuses, word = PLUGIN.SABOTEUR
+    with TrialWorker(plugins=[ROUND5]) as own:
+        outcome = _search_then_decision(own, variant, (8, 256))
+    assert outcome["status"] in statuses, f"{variant}: {outcome['message']}"
+    assert word in outcome["message"] and "\n" not in outcome["message"], outcome["message"]
+
+
 def test_the_honest_control_passes_the_search_the_rounds_and_the_audit(worker) -> None:
     outcome = _search_then_decision(worker, PLUGIN.HONEST, (32, 4096))
     assert outcome["status"] == Status.PASSED.value, outcome["message"]

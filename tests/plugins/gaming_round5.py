@@ -9,6 +9,7 @@ imported), so a test process that loads this plugin stays as it was.
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import torch
 
@@ -27,6 +28,9 @@ CAUGHT: dict[str, tuple[tuple[str, ...], str]] = {
 }
 # variants the gate did not catch (docs/gate.md, "Red team, round five: what got through").
 NOT_CAUGHT = ("r5-aten-compare-always-within", "r5-aten-slow-builtin", "r5-ulp-tagged-cache")
+# Caught itself, but honest variants measured after it in its process are accused: it is run in
+# a process of its own.
+SABOTEUR = ("r5-swap-pair-in-shared-sets", ("incorrect",), "exceeds atol")
 HONEST = "r5-honest-pow-chain"
 
 
@@ -179,5 +183,50 @@ def cache_all_but_the_first_set(device_type: str):
         if x.data_ptr() not in cache:
             cache[x.data_ptr()] = naive_rmsnorm(x, weight, eps)
         return cache[x.data_ptr()].clone()
+
+    return kernel
+
+
+# The input tensors whose first two elements r5-swap-pair-in-shared-sets swapped, and the two
+# values they then held (kept across builds: the sets outlive one trial in a worker).
+_SWAPPED: dict[int, tuple[weakref.ref, tuple[float, float]]] = {}
+
+
+def _held_pair(x: torch.Tensor) -> tuple[float, float] | None:
+    """The pair x held after its swap, if this very tensor was swapped."""
+    entry = _SWAPPED.get(id(x))
+    return entry[1] if entry is not None and entry[0]() is x else None
+
+
+@register_variant("rmsnorm", "r5-swap-pair-in-shared-sets", devices=CPU)
+def swap_pair_in_shared_sets(device_type: str):
+    """Honest in what it returns, but it swaps the first two elements of every input tensor it
+    sees (not in a build's first call, which is compared with a copy of its inputs) and computes
+    each answer on a copy with the pair swapped back. Every variant measured after it in the
+    same process, the built-in and the baseline in the cell's rounds included, computes on the
+    swapped values and is checked against references cached from the values as generated:
+    `incorrect`. Exploits: the input sets are shared by every variant of a cell in a worker
+    (`inputs.InputCache`) and their references are cached (`InputSets.reference`); a write to a
+    set is detected only by `inputs._checksum`, a sum that a permutation keeps. It is caught
+    itself (`incorrect`): the references of sets no call was checked on before the swap are
+    computed from the swapped values, which its answers do not match."""
+    calls = itertools.count()
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        first_call = next(calls) == 0
+        if x.numel() < 2 or not x.is_contiguous():
+            return naive_rmsnorm(x, weight, eps)
+        flat = x.data.view(-1)
+        held = _held_pair(x)
+        if held is not None and (float(flat[0]), float(flat[1])) == held:
+            original = x.clone()
+            original.view(-1)[:2] = flat[:2].flip(0)
+            return naive_rmsnorm(original, weight, eps)
+        if held is None and not first_call and float(flat[0]) != float(flat[1]):
+            answer = naive_rmsnorm(x, weight, eps)
+            flat[:2] = flat[:2].flip(0).clone()
+            _SWAPPED[id(x)] = (weakref.ref(x), (float(flat[0]), float(flat[1])))
+            return answer
+        return naive_rmsnorm(x, weight, eps)  # new values behind a swapped tensor: left be
 
     return kernel
