@@ -1,5 +1,6 @@
-"""The C++ CPU kernels' code paths against float64: store kinds (plain, stream, auto) at awkward
-shapes, and the same kernels built with no vector ISA (FUSIONLAB_CPP_ISA=scalar)."""
+"""The C++ CPU kernels' code paths against float64: store kinds (plain, stream, auto), LayerNorm's
+statistics (welford, shifted) and row groups at awkward shapes, and the same kernels built with no
+vector ISA (FUSIONLAB_CPP_ISA=scalar)."""
 
 import os
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from fusionlab.kernels import cpp_build
+from fusionlab.kernels import cpp_build, cpu_store
 from fusionlab.kernels.add_layernorm import cpu_cpp as add_layer
 from fusionlab.kernels.add_rmsnorm import cpu_cpp as add_rms
 from fusionlab.kernels.layernorm import cpu_cpp as layer
@@ -47,7 +48,9 @@ def run_all(shape, dtype, store, view=lambda t: t):
     x64, r64, w64, b64 = (t.double() for t in (xv, rv, w, b))
     _check(rms.rms_norm_cpp(xv, w, EPS, 1, store=store), _rms64(x64, w64))
     expected_ln = torch.nn.functional.layer_norm(x64, (x64.shape[-1],), w64, b64, EPS)
-    _check(layer.layer_norm_cpp(xv, w, b, EPS, 1, store=store), expected_ln)
+    for stats in cpu_store.STATS_CHOICES:
+        for row_group in cpu_store.ROW_GROUP_CHOICES:  # 4 with fewer rows: the leftover path
+            _check(layer.layer_norm_cpp(xv, w, b, EPS, 1, store, stats, row_group), expected_ln)
     out, res = add_rms.add_rms_norm_cpp(xv, rv, w, EPS, 1, store=store)
     s64 = x64 + r64
     _check(res, s64)
@@ -90,6 +93,28 @@ def test_stream_output_is_published_before_return():
     x, _, w, _ = _inputs((256, 4096), torch.float32)
     y = rms.rms_norm_cpp(x, w, EPS, 1, store="stream")
     assert torch.equal(y, rms.rms_norm_cpp(x, w, EPS, 1, store="plain"))
+
+
+@pytest.mark.parametrize("stats", cpu_store.STATS_CHOICES)
+def test_layernorm_stats_survive_a_large_mean(stats):
+    # mean/std = 1000: plain E[x^2] - E[x]^2 in fp32 would be off by tens of percent here; the
+    # shifted sums subtract the first block's mean first, so both stay at fp32 roundoff.
+    g = torch.Generator().manual_seed(3)
+    x = 1000 + torch.randn(9, 4096, generator=g)
+    w, b = torch.randn(4096, generator=g), torch.randn(4096, generator=g)
+    expected = torch.nn.functional.layer_norm(x.double(), (4096,), w.double(), b.double(), EPS)
+    out = layer.layer_norm_cpp(x, w, b, EPS, 1, "plain", stats, 4)
+    torch.testing.assert_close(out.double(), expected, rtol=0.0, atol=3e-4)
+
+
+def test_layernorm_layout_choices_are_checked():
+    x, _, w, b = _inputs((8, 64), torch.float32)
+    with pytest.raises(RuntimeError, match="stats must be welford or shifted"):
+        layer.layer_norm_cpp(x, w, b, EPS, 1, "plain", "exact", 1)
+    with pytest.raises(RuntimeError, match="row_group must be 1 or 4"):
+        layer.layer_norm_cpp(x, w, b, EPS, 1, "plain", "welford", 3)
+    assert "needs at least 4 rows" in layer.param_error((3, 64), 1, "plain", "welford", 4)
+    assert layer.param_error((4, 64), 1, "plain", "shifted", 4) is None
 
 
 def test_unknown_store_is_refused():
