@@ -76,10 +76,13 @@ def test_store_kinds_match_float64(shape, dtype, store):
 def test_add_layernorm_store_kinds_match_float64(shape, dtype, store):
     add_layer.load_extension()
     xv, rv, w, b = _inputs(shape, dtype)
-    out, res = add_layer.add_layer_norm_cpp(xv, rv, w, b, EPS, 1, store=store)
     s64 = xv.double() + rv.double()
-    _check(res, s64)
-    _check(out, torch.nn.functional.layer_norm(s64, (s64.shape[-1],), w.double(), b.double(), EPS))
+    expected = torch.nn.functional.layer_norm(s64, (s64.shape[-1],), w.double(), b.double(), EPS)
+    for stats in cpu_store.STATS_CHOICES:
+        for row_group in cpu_store.ROW_GROUP_CHOICES:
+            out, res = add_layer.add_layer_norm_cpp(xv, rv, w, b, EPS, 1, store, stats, row_group)
+            _check(res, s64)
+            _check(out, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
