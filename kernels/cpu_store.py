@@ -11,7 +11,7 @@ not yet mapped, a scalar build), as the C++ StoreKind in rmsnorm/csrc/cpu_norm_c
 `stats` (LayerNorm kernels): the row's mean and variance by Welford's update, or by shifted fp32
 sums (fewer operations per element; layernorm/csrc/welford_moments.h says when they lose accuracy,
 and the float64 gate judges each cell). `row_group`: rows normalised together, sharing each load
-of the weight and bias (1, or 4 where a task can hold 4 rows).
+of the weight and bias (1, or 4 where x has at least 4 rows; a task's leftover rows go one by one).
 """
 
 from __future__ import annotations
