@@ -147,21 +147,22 @@ def test_scalar_build_matches_float64():
         "from fusionlab.kernels import cpp_build\n"
         "from tests import test_cpu_kernel_paths as t\n"
         "assert cpp_build.vector_isa() == 'DEFAULT'\n"
-        "for m in (t.rms, t.layer, t.add_rms):\n"
+        "for m in (t.rms, t.layer, t.add_rms, t.add_layer):\n"
         "    m.load_extension()\n"
         "for shape in t.SHAPES:\n"
         "    for dtype in (torch.float32, torch.bfloat16):\n"
         "        t.run_all(shape, dtype, 'auto')\n"
+        "        t.test_add_layernorm_store_kinds_match_float64(shape, dtype, 'auto')\n"
         "print('ok')\n"
     )
-    # Build the three extensions in parallel first (one process each), then check them all.
+    # Build the four extensions in parallel first (one process each), then check them all.
     builders = [
         subprocess.Popen(
             [sys.executable, "-c",
              f"from fusionlab.kernels.{name} import cpu_cpp; cpu_cpp.load_extension()"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        for name in ("rmsnorm", "layernorm", "add_rmsnorm")
+        for name in ("rmsnorm", "layernorm", "add_rmsnorm", "add_layernorm")
     ]
     for builder in builders:
         _, err = builder.communicate(timeout=900)
