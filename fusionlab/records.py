@@ -149,6 +149,9 @@ class TrialRecord(Versioned):
     # Inductor's FX graph cache in this trial: misses are real compiles, hits were found in the
     # on-disk cache that every worker of a host shares.
     compiles: dict[str, int] = field(default_factory=dict)
+    # C++ extensions this trial's setup built (or waited for while another process built them),
+    # in seconds: a one-time cost of the whole sweep, kept out of setup_ms and so out of first use.
+    builds_s: dict[str, float] = field(default_factory=dict)
     # What other processes did while this trial was timed (measure/disturbance.py); empty where
     # unreadable.
     disturbance: dict[str, Any] = field(default_factory=dict)
@@ -174,7 +177,8 @@ class TrialRecord(Versioned):
 
     @property
     def first_use_ms(self) -> float | None:
-        """Setup plus first call: build and compile time live here, never in latency."""
+        """Setup plus first call: compile time lives here, never in latency. A C++ extension
+        build is not a cell's cost (builds_s: it is paid once, for every cell after it)."""
         if self.first_call_ms is None:
             return None
         return (self.setup_ms or 0.0) + self.first_call_ms

@@ -38,6 +38,7 @@ _STAMP = "built.ok"  # written after a build and load succeeded: a half-built di
 LOCK_FILE = "build.flock"  # in each build dir; not "lock": cpp_extension's FileBaton owns that
 _lock = threading.Lock()
 _loaded: dict[str, Path] = {}  # extension name -> loaded library, for this process
+_builds_paid: dict[str, float] = {}  # extension name -> seconds this process built or waited
 
 
 def cache_dir() -> Path:
@@ -123,7 +124,8 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> fl
     """Build (first time per cache) or load the extension `name`, once per process.
 
     `headers` are hashed into the key and their folders put on the include path. Returns the
-    seconds this call spent, 0.0 when the extension was already loaded in this process.
+    seconds this call spent, 0.0 when the extension was already loaded in this process; the part
+    that was a build (this process's, or the wait for another's) is in builds_paid().
     """
     with _lock:
         if name in _loaded:
@@ -135,19 +137,29 @@ def load(name: str, sources: Sequence[Path], headers: Sequence[Path] = ()) -> fl
         folder = build_dir(name, sources, headers)
         library = folder / f"{folder.name}.so"
         folder.mkdir(parents=True, exist_ok=True)
+        built_before = (folder / _STAMP).exists()
         with open(folder / LOCK_FILE, "w") as lock_file:
             fcntl.flock(lock_file, fcntl.LOCK_EX)  # blocks while another process builds
             if (folder / _STAMP).exists():
+                if not built_before:  # another process built it while this one waited
+                    _builds_paid[name] = time.perf_counter() - start
                 torch.ops.load_library(str(library))
             else:
                 _build(folder, sources, headers)
                 seconds = time.perf_counter() - start
+                _builds_paid[name] = seconds
                 (folder / _STAMP).touch()
                 with open(cache_dir() / "builds.log", "a") as log:
                     log.write(f"{folder.name}\t{os.getpid()}\t{seconds:.2f}\n")
         _loaded[name] = library
         _tag_compile_cache(folder.name)
         return time.perf_counter() - start
+
+
+def builds_paid() -> dict[str, float]:
+    """Seconds this process spent building each extension, or waiting while another process
+    built it: a one-time cost, apart from loading (what every later process pays)."""
+    return dict(_builds_paid)
 
 
 def _tag_compile_cache(build: str) -> None:

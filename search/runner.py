@@ -120,6 +120,7 @@ class Sweep:
         self.me = claims.worker_name()
         self.interrupted = False
         self.measured_here: list[str] = []
+        self.builds_s: dict[str, float] = {}  # C++ extension -> its build, once per sweep
         self.search_s = 0.0  # wall time of this runner's measurements of configurations
         self.confirm_s = 0.0  # and of its interleaved re-measurements
         self.audit_s = 0.0  # the part of confirm_s spent auditing contenders
@@ -306,6 +307,8 @@ class Sweep:
             self.search_s += seconds
         if record.disturbance:
             self.windows.append((cell.cell.label, record.disturbance))
+        for name, build_s in record.builds_s.items():  # a wait for another's build is shorter
+            self.builds_s[name] = max(self.builds_s.get(name, 0.0), build_s)
         if record.passed and stalls.stalled(record):
             self.stalled.append(f"{cell.cell.label} {record.config_label()}")
         value = record.latency_ms(self.plan.rank_by) if record.passed else None
@@ -473,6 +476,10 @@ class Sweep:
                 f"{self.plan.confirm.budget_s:g} s a cell), {self.audit_s:.1f} s in the audit of "
                 f"every contender (+{100 * self.audit_s / max(self.search_s, 1e-9):.0f}% of the "
                 "search)"
+            )
+        if self.builds_s:
+            line += "; C++ builds (once for the sweep, in no cell's first use): " + ", ".join(
+                f"{name} {seconds:.1f} s" for name, seconds in sorted(self.builds_s.items())
             )
         decisions = Counter(
             verdict.decision

@@ -1,5 +1,6 @@
-"""The C++ CPU kernels' code paths against float64: store kinds (plain, stream, auto) at awkward
-shapes, and the same kernels built with no vector ISA (FUSIONLAB_CPP_ISA=scalar)."""
+"""The C++ CPU kernels' code paths against float64: store kinds (plain, stream, auto), LayerNorm's
+statistics (welford, shifted) and row groups at awkward shapes, and the same kernels built with no
+vector ISA (FUSIONLAB_CPP_ISA=scalar)."""
 
 import os
 import subprocess
@@ -8,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from fusionlab.kernels import cpp_build
+from fusionlab.kernels import cpp_build, cpu_store
 from fusionlab.kernels.add_layernorm import cpu_cpp as add_layer
 from fusionlab.kernels.add_rmsnorm import cpu_cpp as add_rms
 from fusionlab.kernels.layernorm import cpu_cpp as layer
@@ -47,7 +48,9 @@ def run_all(shape, dtype, store, view=lambda t: t):
     x64, r64, w64, b64 = (t.double() for t in (xv, rv, w, b))
     _check(rms.rms_norm_cpp(xv, w, EPS, 1, store=store), _rms64(x64, w64))
     expected_ln = torch.nn.functional.layer_norm(x64, (x64.shape[-1],), w64, b64, EPS)
-    _check(layer.layer_norm_cpp(xv, w, b, EPS, 1, store=store), expected_ln)
+    for stats in cpu_store.STATS_CHOICES:
+        for row_group in cpu_store.ROW_GROUP_CHOICES:  # 4 with fewer rows: the leftover path
+            _check(layer.layer_norm_cpp(xv, w, b, EPS, 1, store, stats, row_group), expected_ln)
     out, res = add_rms.add_rms_norm_cpp(xv, rv, w, EPS, 1, store=store)
     s64 = x64 + r64
     _check(res, s64)
@@ -73,10 +76,13 @@ def test_store_kinds_match_float64(shape, dtype, store):
 def test_add_layernorm_store_kinds_match_float64(shape, dtype, store):
     add_layer.load_extension()
     xv, rv, w, b = _inputs(shape, dtype)
-    out, res = add_layer.add_layer_norm_cpp(xv, rv, w, b, EPS, 1, store=store)
     s64 = xv.double() + rv.double()
-    _check(res, s64)
-    _check(out, torch.nn.functional.layer_norm(s64, (s64.shape[-1],), w.double(), b.double(), EPS))
+    expected = torch.nn.functional.layer_norm(s64, (s64.shape[-1],), w.double(), b.double(), EPS)
+    for stats in cpu_store.STATS_CHOICES:
+        for row_group in cpu_store.ROW_GROUP_CHOICES:
+            out, res = add_layer.add_layer_norm_cpp(xv, rv, w, b, EPS, 1, store, stats, row_group)
+            _check(res, s64)
+            _check(out, expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -90,6 +96,28 @@ def test_stream_output_is_published_before_return():
     x, _, w, _ = _inputs((256, 4096), torch.float32)
     y = rms.rms_norm_cpp(x, w, EPS, 1, store="stream")
     assert torch.equal(y, rms.rms_norm_cpp(x, w, EPS, 1, store="plain"))
+
+
+@pytest.mark.parametrize("stats", cpu_store.STATS_CHOICES)
+def test_layernorm_stats_survive_a_large_mean(stats):
+    # mean/std = 1000: plain E[x^2] - E[x]^2 in fp32 would be off by tens of percent here; the
+    # shifted sums subtract the first block's mean first, so both stay at fp32 roundoff.
+    g = torch.Generator().manual_seed(3)
+    x = 1000 + torch.randn(9, 4096, generator=g)
+    w, b = torch.randn(4096, generator=g), torch.randn(4096, generator=g)
+    expected = torch.nn.functional.layer_norm(x.double(), (4096,), w.double(), b.double(), EPS)
+    out = layer.layer_norm_cpp(x, w, b, EPS, 1, "plain", stats, 4)
+    torch.testing.assert_close(out.double(), expected, rtol=0.0, atol=3e-4)
+
+
+def test_layernorm_layout_choices_are_checked():
+    x, _, w, b = _inputs((8, 64), torch.float32)
+    with pytest.raises(RuntimeError, match="stats must be welford or shifted"):
+        layer.layer_norm_cpp(x, w, b, EPS, 1, "plain", "exact", 1)
+    with pytest.raises(RuntimeError, match="row_group must be 1 or 4"):
+        layer.layer_norm_cpp(x, w, b, EPS, 1, "plain", "welford", 3)
+    assert "needs at least 4 rows" in layer.param_error((3, 64), 1, "plain", "welford", 4)
+    assert layer.param_error((4, 64), 1, "plain", "shifted", 4) is None
 
 
 def test_unknown_store_is_refused():
@@ -119,21 +147,22 @@ def test_scalar_build_matches_float64():
         "from fusionlab.kernels import cpp_build\n"
         "from tests import test_cpu_kernel_paths as t\n"
         "assert cpp_build.vector_isa() == 'DEFAULT'\n"
-        "for m in (t.rms, t.layer, t.add_rms):\n"
+        "for m in (t.rms, t.layer, t.add_rms, t.add_layer):\n"
         "    m.load_extension()\n"
         "for shape in t.SHAPES:\n"
         "    for dtype in (torch.float32, torch.bfloat16):\n"
         "        t.run_all(shape, dtype, 'auto')\n"
+        "        t.test_add_layernorm_store_kinds_match_float64(shape, dtype, 'auto')\n"
         "print('ok')\n"
     )
-    # Build the three extensions in parallel first (one process each), then check them all.
+    # Build the four extensions in parallel first (one process each), then check them all.
     builders = [
         subprocess.Popen(
             [sys.executable, "-c",
              f"from fusionlab.kernels.{name} import cpu_cpp; cpu_cpp.load_extension()"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        for name in ("rmsnorm", "layernorm", "add_rmsnorm")
+        for name in ("rmsnorm", "layernorm", "add_rmsnorm", "add_layernorm")
     ]
     for builder in builders:
         _, err = builder.communicate(timeout=900)

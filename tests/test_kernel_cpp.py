@@ -27,23 +27,36 @@ TOL = {
 
 _LOAD_AND_SAY = (
     "import os, torch\n"
+    "from fusionlab.kernels import cpp_build\n"
     "from fusionlab.kernels.rmsnorm import cpu_cpp\n"
-    "print(os.getpid(), cpu_cpp.load_extension())\n"
+    "print(os.getpid(), cpu_cpp.load_extension(), ','.join(cpp_build.builds_paid()) or '-')\n"
     "print(*(p for p in torch.ops.loaded_libraries if 'rmsnorm_cpu_' in p))\n"
 )
 
 
-def _load_in_subprocess(cache: Path) -> tuple[int, float, Path]:
-    """A new process loads the extension with `cache` as its cache: (pid, seconds, library)."""
+# A sweep's trial setup in a new process: the build it pays is reported apart from setup_ms.
+_GATE_AND_SAY = (
+    "import os, torch\n"
+    "from fusionlab.cell import Cell\n"
+    "from fusionlab.measure.trial import build_and_gate\n"
+    "cell = Cell('rmsnorm', 'cpu', 'this-cpu', (4, 96), 'float32')\n"
+    "m, setup_ms, _, _ = build_and_gate(cell, 'cpp', {'rows_per_task': 1, 'store': 'plain'}, 0)\n"
+    "print(os.getpid(), setup_ms / 1e3, ','.join(m.builds_s) or '-', sum(m.builds_s.values()))\n"
+    "print(*(p for p in torch.ops.loaded_libraries if 'rmsnorm_cpu_' in p))\n"
+)
+
+
+def _load_in_subprocess(cache: Path, code: str = _LOAD_AND_SAY) -> tuple[int, float, Path, str]:
+    """A new process loads the extension with `cache` as its cache: (pid, seconds, library, the
+    builds it paid for, comma-separated, or "-")."""
     env = {**os.environ, "FUSIONLAB_CACHE_DIR": str(cache)}
     result = subprocess.run(
-        [sys.executable, "-c", _LOAD_AND_SAY], env=env, capture_output=True, text=True,
-        timeout=900,
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr
     first, library = result.stdout.splitlines()
-    pid, seconds = first.split()
-    return int(pid), float(seconds), Path(library)
+    pid, seconds, paid, *_ = first.split()
+    return int(pid), float(seconds), Path(library), paid
 
 
 def _builds(cache: Path) -> list[list[str]]:
@@ -53,11 +66,14 @@ def _builds(cache: Path) -> list[list[str]]:
 @pytest.fixture(scope="session")
 def fresh_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache directory the extension was built into from nothing, by a process of its own
-    (this one may have loaded the extension already, from another test file's cache)."""
+    (this one may have loaded the extension already, from another test file's cache), as a
+    sweep's first trial builds it: the build is reported, and not in the trial's setup time."""
     cache = tmp_path_factory.mktemp("fusionlab_cache")
-    pid, seconds, library = _load_in_subprocess(cache)
-    assert [(name, int(by)) for name, by, _ in _builds(cache)] == [(library.parent.name, pid)]
-    assert library.is_relative_to(cache) and seconds > 0.0
+    pid, setup_s, library, paid = _load_in_subprocess(cache, _GATE_AND_SAY)
+    (name, by, build_s), = _builds(cache)
+    assert (name, int(by)) == (library.parent.name, pid) and library.is_relative_to(cache)
+    assert paid == "rmsnorm_cpu", "the build was not counted as a build (see builds_paid)"
+    assert setup_s < 0.5 * float(build_s), "the trial's setup time still holds the build"
     return cache
 
 
@@ -193,7 +209,8 @@ def test_second_process_loads_from_cache(fresh_cache: Path):
     (built,) = _builds(fresh_cache)
     library = fresh_cache / "cpp" / built[0] / f"{built[0]}.so"
     mtime = library.stat().st_mtime_ns
-    _, seconds, loaded = _load_in_subprocess(fresh_cache)
+    _, seconds, loaded, paid = _load_in_subprocess(fresh_cache)
     assert loaded == library and seconds > 0.0
+    assert paid == "-", "loading a cached build was counted as a build"
     assert _builds(fresh_cache) == [built], "a second process built the extension again"
     assert library.stat().st_mtime_ns == mtime, "the cached library was rebuilt"

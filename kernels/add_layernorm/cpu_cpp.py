@@ -1,5 +1,5 @@
 """Hand-written C++ residual add + LayerNorm for CPU: `fusionlab::add_layer_norm_cpu` (out of
-place), reading x and residual once for the Welford statistics of their fp32 sum, then writing
+place), reading x and residual once for the statistics of their fp32 sum, then writing
 both results; JIT-built and cached by kernels/cpp_build.py. Loading also registers its fake
 kernel; its autograd kernel is C++ (its backward is kernels/norm_grads.py's op)."""
 
@@ -45,16 +45,17 @@ def _register_fake() -> None:
 
 
 def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-          eps: float, rows_per_task: int, store: str = "auto") -> Pair:
+          eps: float, rows_per_task: int, store: str = "auto", stats: str = "welford",
+          row_group: int = 1) -> Pair:
     return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
 
 
 def add_layer_norm_cpp(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-    rows_per_task: int, store: str = "auto",
+    rows_per_task: int, store: str = "auto", stats: str = "welford", row_group: int = 1,
 ) -> Pair:
     """(layernorm(x + residual) * weight + bias, x + residual) as new tensors; inputs are left
-    alone; store is the kind of output stores (kernels/cpu_store.py)."""
+    alone; store, stats and row_group as for layernorm (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, residual, weight, bias, eps, rows_per_task, store)
+    return _op(x, residual, weight, bias, eps, rows_per_task, store, stats, row_group)

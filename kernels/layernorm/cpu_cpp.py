@@ -1,6 +1,7 @@
 """Hand-written C++ LayerNorm for CPU: the `fusionlab::layer_norm_cpu` operator (one read of x for
-Welford mean/variance, then the normalised write), JIT-built and cached by kernels/cpp_build.py.
-Loading also registers its fake kernel; its autograd kernel is C++ (backward: norm_grads.py)."""
+mean/variance, Welford's or shifted sums, then the normalised write), JIT-built and cached by
+kernels/cpp_build.py. Loading also registers its fake kernel; its autograd kernel is C++
+(backward: norm_grads.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from fusionlab.kernels import cpp_build, cpu_store, norm_grads
 TUNABLES: dict[str, tuple[int | str, ...]] = {
     "rows_per_task": (1, 4, 16, 64),
     "store": cpu_store.STORE_CHOICES,
+    "stats": cpu_store.STATS_CHOICES,
+    "row_group": cpu_store.ROW_GROUP_CHOICES,
 }
 
 _SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
@@ -31,12 +34,14 @@ def unavailable_reason() -> str | None:
     return cpp_build.unavailable_reason()
 
 
-def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto") -> str | None:
+def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
+                stats: str = "welford", row_group: int = 1) -> str | None:
     """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain); "stream"
-    only where it can take effect (kernels/cpu_store.py)."""
+    only where it can take effect, row_group 4 only where there are rows to group
+    (kernels/cpu_store.py)."""
     if rows_per_task < 1:
         return f"rows_per_task must be >= 1, got {rows_per_task}"
-    return cpu_store.store_error(shape, store)
+    return cpu_store.store_error(shape, store) or cpu_store.layout_error(shape, stats, row_group)
 
 
 def load_extension() -> float:
@@ -54,16 +59,18 @@ def _register_fake() -> None:
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-          rows_per_task: int, store: str = "auto") -> torch.Tensor:
+          rows_per_task: int, store: str = "auto", stats: str = "welford",
+          row_group: int = 1) -> torch.Tensor:
     return norm_grads.empty_like_rows(x)
 
 
 def layer_norm_cpp(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int,
-    store: str = "auto",
+    store: str = "auto", stats: str = "welford", row_group: int = 1,
 ) -> torch.Tensor:
     """LayerNorm of x over its last dim, with weight and bias; rows_per_task is the grain, store
-    the kind of output stores (kernels/cpu_store.py)."""
+    the kind of output stores, stats the row statistics, row_group the rows normalised together
+    (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, weight, bias, eps, rows_per_task, store)
+    return _op(x, weight, bias, eps, rows_per_task, store, stats, row_group)

@@ -1,9 +1,10 @@
 // Residual add fused with LayerNorm for CPU: s = x + residual, formed in fp32;
 // res = s stored in x's dtype; out = (s - mean) * rsqrt(var + eps) * weight + bias, the
 // statistics taken from the fp32 sum (biased variance), as add_rmsnorm takes its from the fp32 sum.
-// Two passes per row: one read of x and residual for the Welford mean and variance of their sum
-// (../../layernorm/csrc/welford_moments.h), then a second read that the cache serves, writing both
-// results. `store` picks plain or non-temporal stores (StoreKind). Out of place only.
+// Two passes per row: one read of x and residual for the mean and variance of their sum (Welford's
+// or shifted sums, `stats`: ../../layernorm/csrc/welford_moments.h), then a second read that the
+// cache serves, writing both results; `row_group` rows at a time share each weight and bias load.
+// `store` picks plain or non-temporal stores (StoreKind). Out of place only.
 // Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
@@ -26,53 +27,97 @@ struct Rows {
   int64_t rows, hidden, x_stride, r_stride;
 };
 
-// x_next and r_next are the rows processed after this one (or these): prefetched during pass 2.
-template <bool kStream, typename T>
-void add_layer_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, const float* w,
-                        const float* b, T* out, T* res, int64_t n, float eps) {
-  const SumOf<T> sum{x, r};
-  const Moments moments = row_moments(sum, n);
-  const float mean = static_cast<float>(moments.mean);
-  const float rstd = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
-  const fVec vmean(mean), vrstd(rstd);
+// kGroup rows of x and residual (g.x_stride and g.r_stride apart), normalised together: the
+// statistics of each row's sum, then one sweep over the columns that loads each block of weight
+// and bias once for all kGroup rows. x_next and r_next are the first rows of the group processed
+// after this one (or these): prefetched meanwhile.
+template <bool kStream, Stats kStats, int kGroup, typename T>
+void add_layer_norm_group(const T* x, const T* r, const T* x_next, const T* r_next,
+                          const float* w, const float* b, T* out, T* res, const Rows& g,
+                          float eps) {
+  const int64_t n = g.hidden;
+  float mean[kGroup], rstd[kGroup];
+  fVec vmean[kGroup], vrstd[kGroup];
+  for (int k = 0; k < kGroup; ++k) {
+    const SumOf<T> sum{x + k * g.x_stride, r + k * g.r_stride};
+    const Moments moments = moments_of<kStats>(sum, n);
+    mean[k] = static_cast<float>(moments.mean);
+    rstd[k] = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
+    vmean[k] = fVec(mean[k]), vrstd[k] = fVec(rstd[k]);
+  }
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    prefetch_block(x_next + i);
-    prefetch_block(r_next + i);
-    fVec lo, hi;
-    sum.block(i, lo, hi);
-    store_block<kStream>(res + i, lo, hi);
-    // (s - mean) first: exact when s is near the mean, where s*rstd - mean*rstd would cancel.
-    const fVec y_lo = at::vec::fmadd((lo - vmean) * vrstd, fVec::loadu(w + i), fVec::loadu(b + i));
-    const fVec y_hi = at::vec::fmadd((hi - vmean) * vrstd, fVec::loadu(w + i + fVec::size()),
-                                     fVec::loadu(b + i + fVec::size()));
-    store_block<kStream>(out + i, y_lo, y_hi);
+    const fVec w_lo = fVec::loadu(w + i), w_hi = fVec::loadu(w + i + fVec::size());
+    const fVec b_lo = fVec::loadu(b + i), b_hi = fVec::loadu(b + i + fVec::size());
+    for (int k = 0; k < kGroup; ++k) {
+      prefetch_block(x_next + k * g.x_stride + i);
+      prefetch_block(r_next + k * g.r_stride + i);
+      fVec lo, hi;
+      SumOf<T>{x + k * g.x_stride, r + k * g.r_stride}.block(i, lo, hi);
+      store_block<kStream>(res + k * n + i, lo, hi);
+      // (s - mean) first: exact when s is near the mean, where s*rstd - mean*rstd would cancel.
+      store_block<kStream>(out + k * n + i,
+                           at::vec::fmadd((lo - vmean[k]) * vrstd[k], w_lo, b_lo),
+                           at::vec::fmadd((hi - vmean[k]) * vrstd[k], w_hi, b_hi));
+    }
   }
-  for (; i < n; ++i) {
-    const float s = sum.at(i);
-    res[i] = static_cast<T>(s);
-    out[i] = static_cast<T>((s - mean) * rstd * w[i] + b[i]);
+  for (int k = 0; k < kGroup; ++k) {
+    const SumOf<T> sum{x + k * g.x_stride, r + k * g.r_stride};
+    for (int64_t j = i; j < n; ++j) {
+      const float s = sum.at(j);
+      res[k * n + j] = static_cast<T>(s);
+      out[k * n + j] = static_cast<T>((s - mean[k]) * rstd[k] * w[j] + b[j]);
+    }
   }
 }
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
-// threads (none for rows <= rows_per_task).
-template <bool kStream, typename T>
+// threads (none for rows <= rows_per_task). Each task takes its rows kGroup at a time, and any
+// left over one by one.
+template <bool kStream, Stats kStats, int kGroup, typename T>
 void add_layer_norm_rows(const T* x, const T* r, const float* w, const float* b, T* out, T* res,
                          const Rows& g, float eps, int64_t rows_per_task) {
   at::parallel_for(0, g.rows, rows_per_task, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
+    int64_t row = begin;
+    for (; row < end; row += kGroup) {
+      const bool whole = row + kGroup <= end;
       const T* x_row = x + row * g.x_stride;
       const T* r_row = r + row * g.r_stride;
-      const bool last = row + 1 >= end;
-      add_layer_norm_row<kStream>(x_row, r_row, last ? x_row : x_row + g.x_stride,
-                                  last ? r_row : r_row + g.r_stride, w, b,
-                                  out + row * g.hidden, res + row * g.hidden, g.hidden, eps);
+      T* out_row = out + row * g.hidden;
+      T* res_row = res + row * g.hidden;
+      if (!whole) {  // the leftover rows, one at a time
+        for (; row < end; ++row, x_row += g.x_stride, r_row += g.r_stride,
+                          out_row += g.hidden, res_row += g.hidden) {
+          add_layer_norm_group<kStream, kStats, 1>(x_row, r_row, x_row, r_row, w, b, out_row,
+                                                   res_row, g, eps);
+        }
+        break;
+      }
+      const bool last = row + 2 * kGroup > end;
+      add_layer_norm_group<kStream, kStats, kGroup>(
+          x_row, r_row, last ? x_row : x_row + kGroup * g.x_stride,
+          last ? r_row : r_row + kGroup * g.r_stride, w, b, out_row, res_row, g, eps);
     }
     if constexpr (kStream) {
       stream_fence();
     }
   });
+}
+
+// The instantiation for this call's store kind, statistics and row group.
+template <typename T>
+auto add_layer_norm_rows_for(bool stream, Stats stats, int64_t row_group) {
+  using Fn = decltype(&add_layer_norm_rows<false, Stats::kWelford, 1, T>);
+  static constexpr Fn table[2][2][2] = {
+      {{add_layer_norm_rows<false, Stats::kWelford, 1, T>,
+        add_layer_norm_rows<false, Stats::kWelford, kRowGroup, T>},
+       {add_layer_norm_rows<false, Stats::kShifted, 1, T>,
+        add_layer_norm_rows<false, Stats::kShifted, kRowGroup, T>}},
+      {{add_layer_norm_rows<true, Stats::kWelford, 1, T>,
+        add_layer_norm_rows<true, Stats::kWelford, kRowGroup, T>},
+       {add_layer_norm_rows<true, Stats::kShifted, 1, T>,
+        add_layer_norm_rows<true, Stats::kShifted, kRowGroup, T>}}};
+  return table[stream][stats == Stats::kShifted][row_group == kRowGroup];
 }
 
 void check_arguments(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
@@ -103,9 +148,12 @@ void check_arguments(const at::Tensor& x, const at::Tensor& residual, const at::
 
 std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(
     const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-    const at::Tensor& bias, double eps, int64_t rows_per_task, c10::string_view store) {
+    const at::Tensor& bias, double eps, int64_t rows_per_task, c10::string_view store,
+    c10::string_view stats, int64_t row_group) {
   check_arguments(x, residual, weight, bias, eps, rows_per_task);
   const StoreKind store_kind = parse_store(store, "fusionlab::add_layer_norm_cpu");
+  const Stats stats_kind = parse_stats(stats, "fusionlab::add_layer_norm_cpu");
+  check_row_group(row_group, "fusionlab::add_layer_norm_cpu");
   // Allocated without the dispatcher so a profiled call is a single op record.
   at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
   at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
@@ -130,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(
     const int64_t size = sizeof(scalar_t);
     const bool stream = should_stream(out_ptr, hidden, size, out.nbytes(), store_kind) &&
                         should_stream(res_ptr, hidden, size, res.nbytes(), store_kind);
-    (stream ? add_layer_norm_rows<true, scalar_t> : add_layer_norm_rows<false, scalar_t>)(
+    add_layer_norm_rows_for<scalar_t>(stream, stats_kind, row_group)(
         x_src.const_data_ptr<scalar_t>(), r_src.const_data_ptr<scalar_t>(), w, b, out_ptr,
         res_ptr, g, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
@@ -146,7 +194,7 @@ const auto& forward_op() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fusionlab::add_layer_norm_cpu", "")
           .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      double, int64_t, c10::string_view)>();
+                      double, int64_t, c10::string_view, c10::string_view, int64_t)>();
   return op;
 }
 
@@ -155,12 +203,13 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
                                const at::Tensor& residual, const at::Tensor& weight,
                                const at::Tensor& bias, double eps, int64_t rows_per_task,
-                               const std::string& store, c10::DispatchKeySet below) {
+                               const std::string& store, const std::string& stats,
+                               int64_t row_group, c10::DispatchKeySet below) {
     ctx->save_for_backward({x, residual, weight, bias});
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, res] =
-        forward_op().redispatch(below, x, residual, weight, bias, eps, rows_per_task, store);
+    auto [out, res] = forward_op().redispatch(below, x, residual, weight, bias, eps,
+                                              rows_per_task, store, stats, row_group);
     return {out, res};
   }
 
@@ -177,7 +226,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     auto [grad_total, grad_weight, grad_bias] =
         backward_op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],
                          ctx->saved_data["eps"].toDouble());
-    return {grad_total, grad_total, grad_weight, grad_bias, {}, {}, {}, {}};
+    return {grad_total, grad_total, grad_weight, grad_bias, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -185,13 +234,16 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
 Pair add_layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                  const at::Tensor& residual, const at::Tensor& weight,
                                  const at::Tensor& bias, double eps, int64_t rows_per_task,
-                                 c10::string_view store) {
+                                 c10::string_view store, c10::string_view stats,
+                                 int64_t row_group) {
   const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
   if (!needs_grad(x, residual, weight, bias)) {
-    return forward_op().redispatch(below, x, residual, weight, bias, eps, rows_per_task, store);
+    return forward_op().redispatch(below, x, residual, weight, bias, eps, rows_per_task, store,
+                                   stats, row_group);
   }
-  variable_list outputs = AddLayerNormFunction::apply(x, residual, weight, bias, eps,
-                                                      rows_per_task, std::string(store), below);
+  variable_list outputs = AddLayerNormFunction::apply(
+      x, residual, weight, bias, eps, rows_per_task, std::string(store), std::string(stats),
+      row_group, below);
   return {outputs[0], outputs[1]};
 }
 
@@ -200,7 +252,8 @@ Pair add_layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("add_layer_norm_cpu(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps, "
-        "int rows_per_task, str store=\"auto\") -> (Tensor, Tensor)");
+        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
+        "-> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {

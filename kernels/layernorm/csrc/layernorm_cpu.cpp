@@ -1,8 +1,9 @@
 // LayerNorm over the last dim for CPU: y = (x - mean) * rsqrt(var + eps) * weight + bias, with the
-// biased (population) variance. Two passes per row: one read of x for mean and variance (Welford,
-// welford_moments.h), then the normalised write, which finds the row still in L1/L2. All
-// arithmetic in fp32 (row statistics merged in fp64), one rounding on store; `store` picks plain
-// or non-temporal stores (StoreKind). Shared helpers are in ../../rmsnorm/csrc.
+// biased (population) variance. Two passes per row: one read of x for mean and variance
+// (welford_moments.h: Welford's, or with `stats="shifted"` shifted sums), then the normalised
+// write, which finds the row still in L1/L2; `row_group` rows at a time share each weight and bias
+// load. All arithmetic in fp32 (row statistics merged in fp64), one rounding on store; `store`
+// picks plain or non-temporal stores (StoreKind). Shared helpers are in ../../rmsnorm/csrc.
 
 #include "cpu_norm_common.h"
 #include "welford_moments.h"
@@ -19,40 +20,60 @@ namespace {
 
 using namespace fusionlab_cpu;
 
-// x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
-template <bool kStream, typename T>
-void layer_norm_row(const T* x, const T* x_next, const float* w, const float* b, T* y, int64_t n,
-                    float eps) {
-  const Moments moments = row_moments(RowOf<T>{x}, n);
-  const float mean = static_cast<float>(moments.mean);
-  const float rstd = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
-  const fVec vmean(mean), vrstd(rstd);
+// kGroup rows at x (rows `stride` apart), normalised together: the statistics of each row, then
+// one sweep over the columns that loads each block of weight and bias once for all kGroup rows
+// (with one row per sweep, those two loads per block of x bound the write). `next` is the first
+// row of the group processed after this one (or x itself): its rows are prefetched meanwhile.
+template <bool kStream, Stats kStats, int kGroup, typename T>
+void layer_norm_group(const T* x, int64_t stride, const T* next, const float* w, const float* b,
+                      T* y, int64_t n, float eps) {
+  float mean[kGroup], rstd[kGroup];
+  fVec vmean[kGroup], vrstd[kGroup];
+  for (int k = 0; k < kGroup; ++k) {
+    const Moments moments = moments_of<kStats>(RowOf<T>{x + k * stride}, n);
+    mean[k] = static_cast<float>(moments.mean);
+    rstd[k] = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
+    vmean[k] = fVec(mean[k]), vrstd[k] = fVec(rstd[k]);
+  }
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
-    prefetch_block(x_next + i);
-    fVec lo, hi;
-    load_block(x + i, lo, hi);
-    // (x - mean) first: exact when x is near the mean, where x*rstd - mean*rstd would cancel.
-    const fVec y_lo = at::vec::fmadd((lo - vmean) * vrstd, fVec::loadu(w + i), fVec::loadu(b + i));
-    const fVec y_hi = at::vec::fmadd((hi - vmean) * vrstd, fVec::loadu(w + i + fVec::size()),
-                                     fVec::loadu(b + i + fVec::size()));
-    store_block<kStream>(y + i, y_lo, y_hi);
+    const fVec w_lo = fVec::loadu(w + i), w_hi = fVec::loadu(w + i + fVec::size());
+    const fVec b_lo = fVec::loadu(b + i), b_hi = fVec::loadu(b + i + fVec::size());
+    for (int k = 0; k < kGroup; ++k) {
+      prefetch_block(next + k * stride + i);
+      fVec lo, hi;
+      load_block(x + k * stride + i, lo, hi);
+      // (x - mean) first: exact when x is near the mean, where x*rstd - mean*rstd would cancel.
+      store_block<kStream>(y + k * n + i, at::vec::fmadd((lo - vmean[k]) * vrstd[k], w_lo, b_lo),
+                           at::vec::fmadd((hi - vmean[k]) * vrstd[k], w_hi, b_hi));
+    }
   }
-  for (; i < n; ++i) {
-    y[i] = static_cast<T>((static_cast<float>(x[i]) - mean) * rstd * w[i] + b[i]);
+  for (int k = 0; k < kGroup; ++k) {
+    for (int64_t j = i; j < n; ++j) {
+      const float v = static_cast<float>(x[k * stride + j]);
+      y[k * n + j] = static_cast<T>((v - mean[k]) * rstd[k] * w[j] + b[j]);
+    }
   }
 }
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
-// threads (none for rows <= rows_per_task).
-template <bool kStream, typename T>
+// threads (none for rows <= rows_per_task). Each task takes its rows kGroup at a time, and any
+// left over one by one.
+template <bool kStream, Stats kStats, int kGroup, typename T>
 void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const float* b, T* y,
                      int64_t rows, int64_t hidden, float eps, int64_t rows_per_task) {
   at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
+    int64_t r = begin;
+    for (; r + kGroup <= end; r += kGroup) {
+      const T* group = x + r * x_row_stride;
+      const T* next = r + 2 * kGroup <= end ? group + kGroup * x_row_stride : group;
+      layer_norm_group<kStream, kStats, kGroup>(group, x_row_stride, next, w, b, y + r * hidden,
+                                                hidden, eps);
+    }
+    for (; r < end; ++r) {
       const T* row = x + r * x_row_stride;
-      const T* next = r + 1 < end ? row + x_row_stride : row;
-      layer_norm_row<kStream>(row, next, w, b, y + r * hidden, hidden, eps);
+      layer_norm_group<kStream, kStats, 1>(row, x_row_stride, row, w, b, y + r * hidden, hidden,
+                                           eps);
     }
     if constexpr (kStream) {
       stream_fence();
@@ -60,9 +81,28 @@ void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const flo
   });
 }
 
+// The instantiation for this call's store kind, statistics and row group.
+template <typename T>
+auto layer_norm_rows_for(bool stream, Stats stats, int64_t row_group) {
+  using Fn = decltype(&layer_norm_rows<false, Stats::kWelford, 1, T>);
+  static constexpr Fn table[2][2][2] = {
+      {{layer_norm_rows<false, Stats::kWelford, 1, T>,
+        layer_norm_rows<false, Stats::kWelford, kRowGroup, T>},
+       {layer_norm_rows<false, Stats::kShifted, 1, T>,
+        layer_norm_rows<false, Stats::kShifted, kRowGroup, T>}},
+      {{layer_norm_rows<true, Stats::kWelford, 1, T>,
+        layer_norm_rows<true, Stats::kWelford, kRowGroup, T>},
+       {layer_norm_rows<true, Stats::kShifted, 1, T>,
+        layer_norm_rows<true, Stats::kShifted, kRowGroup, T>}}};
+  return table[stream][stats == Stats::kShifted][row_group == kRowGroup];
+}
+
 at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                          double eps, int64_t rows_per_task, c10::string_view store) {
+                          double eps, int64_t rows_per_task, c10::string_view store,
+                          c10::string_view stats, int64_t row_group) {
   const StoreKind store_kind = parse_store(store, "fusionlab::layer_norm_cpu");
+  const Stats stats_kind = parse_stats(stats, "fusionlab::layer_norm_cpu");
+  check_row_group(row_group, "fusionlab::layer_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu(),
               "fusionlab::layer_norm_cpu: x, weight and bias must be CPU tensors, got ",
               x.device(), ", ", weight.device(), " and ", bias.device());
@@ -101,7 +141,7 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const a
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    (stream ? layer_norm_rows<true, scalar_t> : layer_norm_rows<false, scalar_t>)(
+    layer_norm_rows_for<scalar_t>(stream, stats_kind, row_group)(
         x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
@@ -115,7 +155,7 @@ const auto& forward_op() {
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("fusionlab::layer_norm_cpu", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                            int64_t, c10::string_view)>();
+                            int64_t, c10::string_view, c10::string_view, int64_t)>();
   return op;
 }
 
@@ -123,11 +163,13 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, double eps, int64_t rows_per_task,
-                            const std::string& store, c10::DispatchKeySet below) {
+                            const std::string& store, const std::string& stats,
+                            int64_t row_group, c10::DispatchKeySet below) {
     ctx->save_for_backward({x, weight, bias});
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView guard;
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store);
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
+                                   row_group);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -141,19 +183,22 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] = backward_op.call(
         grads[0], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble());
-    return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}};
+    return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}, {}, {}};
   }
 };
 
 // The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
 at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
-                                   int64_t rows_per_task, c10::string_view store) {
+                                   int64_t rows_per_task, c10::string_view store,
+                                   c10::string_view stats, int64_t row_group) {
   const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
   if (!needs_grad(x, weight, bias)) {
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store);
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
+                                   row_group);
   }
-  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, std::string(store), below);
+  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, std::string(store),
+                                  std::string(stats), row_group, below);
 }
 
 }  // namespace
@@ -161,7 +206,7 @@ at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task, "
-        "str store=\"auto\") -> Tensor");
+        "str store=\"auto\", str stats=\"welford\", int row_group=1) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {

@@ -12,6 +12,7 @@
 
 #include "cpu_norm_common.h"
 
+#include <algorithm>
 #include <cstdint>
 
 namespace fusionlab_cpu {
@@ -60,6 +61,27 @@ struct SumOf {
   float at(int64_t i) const { return static_cast<float>(x[i]) + static_cast<float>(r[i]); }
 };
 
+// `total` (the moments of the first i values) merged with those of the rest of the row, under
+// 2 * kBlock values: exact two-pass moments in fp64, then one merge.
+template <typename Row>
+Moments with_tail(const Moments& total, const Row& row, int64_t i, int64_t n) {
+  if (i >= n) {
+    return total;
+  }
+  Moments tail;
+  tail.count = static_cast<double>(n - i);
+  double sum = 0.0;
+  for (int64_t j = i; j < n; ++j) {
+    sum += static_cast<double>(row.at(j));
+  }
+  tail.mean = sum / tail.count;
+  for (int64_t j = i; j < n; ++j) {
+    const double d = static_cast<double>(row.at(j)) - tail.mean;
+    tail.m2 += d * d;
+  }
+  return merge(total, tail);
+}
+
 // Mean and M2 of the n values `row` yields, reading each block once.
 template <typename Row>
 Moments row_moments(const Row& row, int64_t n) {
@@ -100,22 +122,63 @@ Moments row_moments(const Row& row, int64_t n) {
     total.m2 = static_cast<double>(at::vec::vec_reduce_all<float>(add, lane_m2)) +
                4.0 * static_cast<double>(steps) * lanes_spread;
   }
-  // The tail (under 2 * kBlock elements): exact two-pass moments in fp64, then one merge.
-  if (i < n) {
-    Moments tail;
-    tail.count = static_cast<double>(n - i);
-    double sum = 0.0;
-    for (int64_t j = i; j < n; ++j) {
-      sum += static_cast<double>(row.at(j));
-    }
-    tail.mean = sum / tail.count;
-    for (int64_t j = i; j < n; ++j) {
-      const double d = static_cast<double>(row.at(j)) - tail.mean;
-      tail.m2 += d * d;
-    }
-    total = merge(total, tail);
+  return with_tail(total, row, i, n);
+}
+
+// The "shifted" statistics: the same single read, but plain fp32 sums of d = x - shift and d^2
+// (one add and one FMA per vector instead of Welford's two of each), shift being the mean of the
+// row's first block. M2 = sum(d^2) - sum(d)^2 / n then cancels only as far as |mean - shift|
+// exceeds the spread, not as |mean| does: a relative error of about 2^-24 * ((mean - shift) /
+// std)^2, small unless the first block sits far from the rest of the row. The sweep's float64
+// gate decides per cell whether it is close enough; Welford stays the default.
+template <typename Row>
+Moments shifted_moments(const Row& row, int64_t n) {
+  if (n < 2 * kBlock) {
+    return row_moments(row, n);
   }
-  return total;
+  const auto add = [](const fVec& u, const fVec& v) { return u + v; };
+  fVec a, b, c, d;
+  row.block(0, a, b);
+  const float shift = at::vec::vec_reduce_all<float>(add, a + b) / static_cast<float>(kBlock);
+  const fVec k(shift);
+  fVec s[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+  fVec q[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
+  int64_t i = 0;
+  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
+    row.block(i, a, b);
+    row.block(i + kBlock, c, d);
+    a = a - k, b = b - k, c = c - k, d = d - k;
+    s[0] = s[0] + a, s[1] = s[1] + b, s[2] = s[2] + c, s[3] = s[3] + d;
+    q[0] = at::vec::fmadd(a, a, q[0]);
+    q[1] = at::vec::fmadd(b, b, q[1]);
+    q[2] = at::vec::fmadd(c, c, q[2]);
+    q[3] = at::vec::fmadd(d, d, q[3]);
+  }
+  const double sum = at::vec::vec_reduce_all<float>(add, (s[0] + s[1]) + (s[2] + s[3]));
+  const double sum_sq = at::vec::vec_reduce_all<float>(add, (q[0] + q[1]) + (q[2] + q[3]));
+  Moments total;
+  total.count = static_cast<double>(i);
+  total.mean = shift + sum / total.count;
+  total.m2 = std::max(0.0, sum_sq - sum * sum / total.count);
+  return with_tail(total, row, i, n);
+}
+
+// Which statistics a LayerNorm kernel takes: Welford's (default) or shifted sums.
+enum class Stats { kWelford, kShifted };
+
+inline Stats parse_stats(c10::string_view stats, const char* op) {
+  TORCH_CHECK(stats == "welford" || stats == "shifted", op,
+              ": stats must be welford or shifted, got ", stats);
+  return stats == "welford" ? Stats::kWelford : Stats::kShifted;
+}
+
+template <Stats kStats, typename Row>
+Moments moments_of(const Row& row, int64_t n) {
+  if constexpr (kStats == Stats::kWelford) {
+    return row_moments(row, n);
+  } else {
+    return shifted_moments(row, n);
+  }
 }
 
 }  // namespace fusionlab_cpu

@@ -159,6 +159,15 @@ inline void prefetch_block(const T* p) {
   }
 }
 
+// Rows a kernel may normalise together (the `row_group` argument: 1 or this), sharing each load
+// of the weight (and bias) between them; kGroup rows of the largest hidden sizes still fit in L2.
+constexpr int64_t kRowGroup = 4;
+
+inline void check_row_group(int64_t row_group, const char* op) {
+  TORCH_CHECK(row_group == 1 || row_group == kRowGroup, op, ": row_group must be 1 or ",
+              kRowGroup, ", got ", row_group);
+}
+
 // Stride between consecutive rows when every leading dim steps uniformly over rows (true for
 // contiguous tensors and for views such as x[..., :h] or x[::2]), so those need no copy.
 inline std::optional<int64_t> uniform_row_stride(const at::Tensor& x) {
