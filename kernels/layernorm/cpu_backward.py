@@ -14,9 +14,9 @@ import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.layernorm import cpu_cpp
-from fusionlab.kernels.rmsnorm.cpu_backward import BACKWARD_CHOICES
+from fusionlab.kernels.rmsnorm.cpu_backward import BACKWARD_CHOICES, check_backward
 
-__all__ = ["BACKWARD_CHOICES", "layer_norm_cpp_fused_grad", "load_extension"]
+__all__ = ["BACKWARD_CHOICES", "check_backward", "layer_norm_cpp_fused_grad", "load_extension"]
 
 _CSRC = Path(__file__).parent / "csrc"
 _COMMON = Path(__file__).parents[1] / "rmsnorm" / "csrc"

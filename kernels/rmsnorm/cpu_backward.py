@@ -18,6 +18,14 @@ from fusionlab.kernels.rmsnorm import cpu_cpp
 BACKWARD_CHOICES: tuple[str, ...] = ("torch-ops", "fused")
 """torch-ops: kernels/norm_grads.py's backward; fused: this module's C++ kernel."""
 
+
+
+def check_backward(backward: str) -> None:
+    """Refuse a `backward` that is none of BACKWARD_CHOICES."""
+    if backward not in BACKWARD_CHOICES:
+        raise ValueError(f"backward must be one of {', '.join(BACKWARD_CHOICES)}, got {backward!r}")
+
+
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = (_CSRC / "rmsnorm_backward_cpu.cpp",)
 _HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "norm_backward_partials.h")
