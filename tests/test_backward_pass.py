@@ -51,6 +51,8 @@ def test_cheats_have_honest_forwards() -> None:
 HONEST = [("rmsnorm", "naive", {}), ("rmsnorm", "builtin", {}),
           ("rmsnorm", "cpp", {"rows_per_task": 4}), ("layernorm", "builtin", {}),
           ("layernorm", "cpp", {"rows_per_task": 4}), ("add_rmsnorm", "naive", {}),
+          ("rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
+          ("layernorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
           ("add_rmsnorm", "cpp", {"rows_per_task": 4})]
 
 
@@ -109,6 +111,9 @@ def test_backward_and_forward_backward_sweeps_decide_cells(tmp_path) -> None:
         assert cell.verdicts, f"{cell.cell.label}: not decided"
         assert all(record.passed for record in cell.records), [
             (r.variant, r.message) for r in cell.records if not r.passed]
+        # The cpp variant's backward tunable is swept: both backwards measured, and gated.
+        backwards = {r.params.get("backward") for r in cell.records if r.variant == "cpp"}
+        assert backwards == {"torch-ops", "fused"}, (cell.cell.label, backwards)
 
 
 def test_a_compiled_backward_runs_from_a_retained_graph() -> None:
