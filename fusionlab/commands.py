@@ -390,6 +390,11 @@ def _tunables(values: dict) -> str:
     )
 
 
+def _backward_tunables(values: dict) -> str:
+    """Tunables of the backward alone, marked: only passes with a backward sweep them."""
+    return f"; {_tunables(values)} (backward passes)" if values else ""
+
+
 def list_command(args: argparse.Namespace) -> int:
     planning.load_user_variants(args.plugin)
     ops = [get_op(args.op).name] if args.op else op_names()
@@ -418,7 +423,8 @@ def list_command(args: argparse.Namespace) -> int:
                     "kind": variant.kind,
                     "runs here": ", ".join(runs) or "no",
                     "devices": ", ".join(devices),
-                    "tunables": _tunables(variant.tunables),
+                    "tunables": _tunables(variant.tunables)
+                    + _backward_tunables(variant.backward_tunables),
                     "what": variant.description,
                 }
             )
