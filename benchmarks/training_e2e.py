@@ -4,8 +4,11 @@ against an unpatched copy with identical weights, each with its own AdamW, on th
 fp32 and bf16. Per op: the step gain predicted from the norms' forward+backward calls beside the
 measured gain and its 95% interval, the peak memory of a step both ways, and every parameter
 group's largest relative gradient difference after one step from identical weights.
+Each key is swept in every pass of --passes; patch(mode="training") takes the forward+backward
+winner where that pass was swept, else the forward's.
 
     python benchmarks/training_e2e.py [--hidden 1024] [--layers 4] [--tokens 128] [--runs 20]
+                                      [--passes forward,forward+backward]
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--variants", default="builtin,naive,cpp")
+    parser.add_argument("--passes", default="forward,forward+backward",
+                        help="the passes swept at each key (forward alone: the forward winners)")
     args = parser.parse_args()
     config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
               "num_hidden_layers": args.layers, "num_attention_heads": 8,
@@ -60,7 +65,9 @@ def main() -> None:
         for op in sorted({c.op for c in found.calls}):
             shapes = ",".join(sorted({format_shape(c.shape) for c in found.of_op(op)
                                       if c.step == "prefill"}))  # the training step's keys
-            sweep(op, shapes, dtype, storage=url, quick=True, variants=args.variants)
+            for pass_name in args.passes.split(","):
+                sweep(op, shapes, dtype, storage=url, quick=True, variants=args.variants,
+                      pass_name=pass_name)
             print(f"\n== {dtype}, {op}")
             try:
                 with warnings.catch_warnings():
@@ -69,7 +76,7 @@ def main() -> None:
             except UserError as error:
                 print(f"not patched: {error}")
                 continue
-            variants = ",".join(sorted({r.variant for r in handle.rows
+            variants = ",".join(sorted({f"{r.variant} [{r.pass_name}]" for r in handle.rows
                                         if r.key.startswith(f"1x{args.tokens}x")}))
             print(f"chosen at 1x{args.tokens}x{args.hidden}: {variants}")
             results = benchmark_training(handle, [args.tokens], args.runs)

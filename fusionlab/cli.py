@@ -38,6 +38,12 @@ def _add_ranking(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="rank by first use (build + compile + first call) + N x latency",
     )
+    parser.add_argument(
+        "--memory-budget",
+        type=float,
+        metavar="MB",
+        help="backward passes: the fastest whose saved + peak memory fits MB megabytes",
+    )
 
 
 def _add_width(parser: argparse.ArgumentParser) -> None:

@@ -99,11 +99,12 @@ def print_table(
     calls: int | None,
     wide: bool = False,
     chosen: str | None = None,
+    memory_budget_mb: float | None = None,
 ) -> None:
     """The best-config table and its notes, fitted to the terminal's width."""
     width = fit.terminal_width()
     devices = sorted({cell.cell.device_label for cell in cells})
-    rows = best_rows(cells, mode, calls)
+    rows = best_rows(cells, mode, calls, memory_budget_mb)
     text, left_out = terminal_table(rows, op, width, wide, chosen, with_device=len(devices) > 1)
     print(text)
     notes = [f"  {row.shape} {row.dtype}: {row.reason}" for row in rows if row.reason]
@@ -120,6 +121,9 @@ def print_table(
     note = RANKING_NOTE.format(mode=mode, why=_WHY[mode])
     if calls is not None:
         note = f"ranked by first use + {calls} x {mode} latency (--calls); " + note
+    if memory_budget_mb is not None:
+        note = (f"backward rows: only configurations whose footprint, max(fwd peak, saved + bwd "
+                f"peak), is at most {memory_budget_mb:g} MB compete (--memory-budget); " + note)
     notes.append(note)
     if left_out:
         notes.append(f"more columns: --wide, or --columns with any of {', '.join(left_out)}")
@@ -181,6 +185,7 @@ def _plan(args: argparse.Namespace) -> planning.SweepPlan:
 
 def sweep(args: argparse.Namespace) -> int:
     check_columns(args.columns)
+    _check_memory_budget(args.memory_budget, args.pass_name)
     plan = _plan(args)
     export_format = export.format_for(args.export) if args.export else None
     if args.export:
@@ -218,9 +223,10 @@ def sweep(args: argparse.Namespace) -> int:
         )
         cells = runner.results()
     print()
-    print_table(cells, args.op, plan.rank_by, plan.calls, args.wide, args.columns)
+    print_table(cells, args.op, plan.rank_by, plan.calls, args.wide, args.columns,
+                args.memory_budget)
     if args.export:
-        rows = best_rows(cells, plan.rank_by, plan.calls)
+        rows = best_rows(cells, plan.rank_by, plan.calls, args.memory_budget)
         winners = WinnersFile(args.op, rows, ranked_by=plan.rank_by, storage=url)
         export.write(args.export, export.render(winners, export_format, args.columns))
         say(f"wrote {args.export}")
@@ -290,6 +296,17 @@ def _check_calls(calls: int | None) -> None:
         raise UserError(f"--calls must be at least 1 (got {calls})")
 
 
+def _check_memory_budget(budget_mb: float | None, pass_name: str | None) -> None:
+    """A budget is a positive number of MB, for a pass that has a backward (None: any pass)."""
+    if budget_mb is None:
+        return
+    if not budget_mb > 0:
+        raise UserError(f"--memory-budget must be a positive number of MB (got {budget_mb:g})")
+    if pass_name == "forward":
+        raise UserError("--memory-budget ranks backward passes (their memory is measured); "
+                        "add --pass backward or --pass forward+backward")
+
+
 def _stored_cells(storage: BaseStorage, url: str, op: str) -> list[CellResult]:
     """The stored cells of an op; data this fusionlab cannot read is said in one line."""
     with user_facing(f"results in {url}"):
@@ -332,6 +349,7 @@ def export_command(args: argparse.Namespace) -> int:
     url = args.storage or DEFAULT_STORAGE
     fmt = export.format_for(args.output, args.format)
     _check_calls(args.calls)
+    _check_memory_budget(args.memory_budget, None)
     planning.load_user_variants(args.plugin)
     get_op(args.op)
     check_columns(args.columns)
@@ -341,7 +359,7 @@ def export_command(args: argparse.Namespace) -> int:
     cells = _stored_cells(storage, url, args.op)
     for note in _stale_notes(cells, args.op):
         say(f"note: {note}")
-    rows = best_rows(cells, args.rank_by, args.calls)
+    rows = best_rows(cells, args.rank_by, args.calls, args.memory_budget)
     if not args.output and args.format is None:  # for reading: Markdown that fits the terminal
         devices = sorted({cell.cell.device_name for cell in cells})
         text, left_out = terminal_table(
@@ -372,6 +390,11 @@ def _tunables(values: dict) -> str:
     )
 
 
+def _backward_tunables(values: dict) -> str:
+    """Tunables of the backward alone, marked: only passes with a backward sweep them."""
+    return f"; {_tunables(values)} (backward passes)" if values else ""
+
+
 def list_command(args: argparse.Namespace) -> int:
     planning.load_user_variants(args.plugin)
     ops = [get_op(args.op).name] if args.op else op_names()
@@ -400,7 +423,8 @@ def list_command(args: argparse.Namespace) -> int:
                     "kind": variant.kind,
                     "runs here": ", ".join(runs) or "no",
                     "devices": ", ".join(devices),
-                    "tunables": _tunables(variant.tunables),
+                    "tunables": _tunables(variant.tunables)
+                    + _backward_tunables(variant.backward_tunables),
                     "what": variant.description,
                 }
             )

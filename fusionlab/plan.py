@@ -101,12 +101,13 @@ class SweepPlan:
         return get_op(self.op)
 
     def cell_variants(self, dtype: str) -> list[Variant]:
-        """The variants that can run in a cell here (choice, availability, device and dtype)."""
+        """The variants that can run in a cell here (choice, availability, device and dtype), as
+        this plan's pass sweeps them (`Variant.for_pass`)."""
         chosen = variants_of(self.op)
         if self.variants is not None:
             chosen = {name: chosen[name] for name in self.variants}
         return [
-            v
+            v.for_pass(self.pass_name != FORWARD)
             for v in chosen.values()
             if dtype in v.dtypes and v.unavailable_reason(self.device.type) is None
         ]

@@ -11,7 +11,7 @@ import pkgutil
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,10 @@ class Variant:
     output to the input it is written into (declared, and checked by the gate). `autograd`: the
     kernel has a backward. `numerics`: the casting modes (fusionlab/numerics.py) it implements;
     a variant declaring more than "none" takes `numerics=Numerics(...)` (any offset) in its
-    factory, and is called so whenever the numerics differ from the default."""
+    factory, and is called so whenever the numerics differ from the default.
+    `backward_tunables` change only the backward: a sweep of the forward pass leaves them out (the
+    factory's default applies), the passes with a backward sweep them with `tunables`
+    (`for_pass`)."""
 
     op: str
     name: str
@@ -57,6 +60,16 @@ class Variant:
     inplace: Mapping[str, str] = field(default_factory=dict)
     autograd: bool = False
     numerics: tuple[str, ...] = ("none",)
+    backward_tunables: Mapping[str, TunableSpace] = field(default_factory=dict)
+
+    def for_pass(self, with_backward: bool) -> Variant:
+        """The variant as a pass sweeps it: with its backward tunables among `tunables` when
+        the pass runs a backward, else as it is."""
+        if not with_backward or not self.backward_tunables:
+            return self
+        return replace(
+            self, tunables={**self.tunables, **self.backward_tunables}, backward_tunables={}
+        )
 
     def supports(self, numerics: Numerics) -> bool:
         """Whether the kernel can compute with these numerics (see the class docstring)."""
@@ -125,6 +138,7 @@ def register_variant(
     inplace: Mapping[str, str] | None = None,
     autograd: bool | None = None,
     numerics: Sequence[str] = ("none",),
+    backward_tunables: Mapping[str, TunableSpace] | None = None,
 ) -> Callable[[Callable[..., Kernel]], Callable[..., Kernel]]:
     """Decorator: register `factory(device_type, **params) -> kernel` as a variant of `op`.
 
@@ -146,6 +160,7 @@ def register_variant(
             inplace=dict(inplace or {}),
             autograd=kind != "custom" and not inplace if autograd is None else autograd,
             numerics=tuple(numerics),
+            backward_tunables=dict(backward_tunables or {}),
         )
         _validate(variant)
         _VARIANTS[op][variant.name] = variant
@@ -184,7 +199,12 @@ def _validate(variant: Variant) -> None:
     bad_dtypes = set(variant.dtypes) - set(DTYPES)
     if bad_dtypes:
         raise RegistrationError(f"{where}: unknown dtypes {sorted(bad_dtypes)}")
-    for tunable, space in variant.tunables.items():
+    if variant.backward_tunables and not variant.autograd:
+        raise RegistrationError(f"{where}: backward tunables need a variant that declares autograd")
+    overlap = set(variant.tunables) & set(variant.backward_tunables)
+    if overlap:
+        raise RegistrationError(f"{where}: {sorted(overlap)} named as tunable and backward tunable")
+    for tunable, space in {**variant.tunables, **variant.backward_tunables}.items():
         if not _NAME.match(tunable):
             raise RegistrationError(f"{where}: tunable name {tunable!r} is not a plain name")
         if isinstance(space, (od.IntDistribution, od.FloatDistribution)):

@@ -32,6 +32,7 @@ class Decision(str, Enum):
     ONLY = "only contender"
     BY_COST = "by cost"  # --calls: first use + calls x latency, no verdict
     NOT_REMEASURED = "not re-measured"  # the fastest median, no verdict
+    WITHIN_BUDGET = "within memory budget"  # --memory-budget: the fastest that fits, no verdict
 
     def __str__(self) -> str:
         return self.value

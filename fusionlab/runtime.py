@@ -17,6 +17,7 @@ import torch
 
 from fusionlab.devices import get_device
 from fusionlab.errors import UserError
+from fusionlab.measure.passes import FORWARD, FORWARD_BACKWARD
 from fusionlab.op import key_of_first_input
 from fusionlab.plan import installed_toolchain
 from fusionlab.records import RANK_MODES
@@ -35,7 +36,8 @@ class Choice:
     """What a key dispatches to (`exact`, `nearest`, or `fallback`), and why when it falls back.
 
     decision: how sure the sweep was of the winner (`faster`, `equivalent`, `inconclusive`, ...;
-    see results.Decision); None for a fallback."""
+    see results.Decision); None for a fallback. pass_name: the pass whose cell chose it
+    (`forward`, or `forward+backward` for a training dispatcher's key that has such a cell)."""
 
     variant: str
     params: dict[str, Any]
@@ -44,6 +46,7 @@ class Choice:
     decision: Decision | None = None
     # the other variants that passed in the cell, fastest first: (variant, params)
     alternatives: tuple[tuple[str, dict[str, Any]], ...] = field(default=())
+    pass_name: str = FORWARD
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class _Entry:
     toolchain: dict[str, str]
     decision: Decision | None = None
     alternatives: tuple[tuple[str, dict[str, Any]], ...] = ()
+    pass_name: str = FORWARD
 
 
 @functools.cache
@@ -73,14 +77,19 @@ class Dispatcher:
         winners: str | None = None,
         rank_by: str = "cold",
         allow_inplace: bool = False,
+        training: bool = False,
     ) -> None:
         """`allow_inplace`: also dispatch to variants that write their results into their inputs
-        (as vLLM's fused_add_rms_norm does); off by default, since callers keep their inputs."""
+        (as vLLM's fused_add_rms_norm does); off by default, since callers keep their inputs.
+        `training`: a key with a `--pass forward+backward` cell takes that cell's winner (a
+        training step runs both passes); every other key takes the forward's."""
         if rank_by not in RANK_MODES:  # bad input to the Python API
             raise ValueError(f"rank_by must be one of {', '.join(RANK_MODES)}, not {rank_by!r}")
         self.spec = get_op(op)
         self._allow_inplace = allow_inplace
+        self._passes = (FORWARD_BACKWARD, FORWARD) if training else (FORWARD,)
         self._entries: dict[tuple[str, int, str], list[_Entry]] = {}
+        self._training_entries: dict[tuple[str, int, str], list[_Entry]] = {}
         if winners is not None:
             self._load_winners_file(winners)
         else:
@@ -88,7 +97,7 @@ class Dispatcher:
             with user_facing(f"results in {storage}"):
                 cells = load_cells(opened, op)
             for cell in cells:
-                if cell.cell.pass_name != "forward":
+                if cell.cell.pass_name not in self._passes:
                     continue  # a model's forward calls run the forward's winners
                 winner = cell_winner(cell, rank_by, allow_inplace=allow_inplace)
                 if winner is not None:
@@ -109,6 +118,7 @@ class Dispatcher:
                             cell.cell.toolchain,
                             winner.decision,
                             others,
+                            cell.cell.pass_name,
                         ),
                     )
         self._kernels: dict[tuple[Any, ...], Kernel] = {}
@@ -120,10 +130,11 @@ class Dispatcher:
 
     def has_results(self) -> bool:
         """Whether the storage or winners file holds any winner of the op (any device)."""
-        return bool(self._entries)
+        return bool(self._entries or self._training_entries)
 
     def _add(self, device_name: str, threads: int, dtype: str, entry: _Entry) -> None:
-        self._entries.setdefault((device_name, threads, dtype), []).append(entry)
+        entries = self._entries if entry.pass_name == FORWARD else self._training_entries
+        entries.setdefault((device_name, threads, dtype), []).append(entry)
 
     def _load_winners_file(self, path: str) -> None:
         """Winners from `fusionlab export --format json`. A row names its winner by `variant`
@@ -143,8 +154,8 @@ class Dispatcher:
         if winners.op != self.spec.name:
             raise UserError(f"{path!r} holds winners of {winners.op!r}, not {self.spec.name!r}")
         for row in winners.rows:
-            if row.variant is None or row.params is None or row.pass_name != "forward":
-                continue  # nothing passed in that cell, or not a forward's winner
+            if row.variant is None or row.params is None or row.pass_name not in self._passes:
+                continue  # nothing passed in that cell, or not a pass a model runs here
             variant, params = row.variant, row.params
             others: tuple[tuple[str, dict[str, Any]], ...] = ()
             if row.inplace and not self._allow_inplace:
@@ -154,7 +165,7 @@ class Dispatcher:
             elif row.out_of_place is not None and row.out_of_place.variant != variant:
                 others = ((row.out_of_place.variant, dict(row.out_of_place.params)),)
             entry = _Entry(parse_shape(row.shape), variant, dict(params), dict(row.toolchain),
-                           row.decision, others)
+                           row.decision, others, row.pass_name)
             self._add(row.device, row.threads, row.dtype, entry)
 
     def _check_toolchain(self, entry: _Entry, device_type: str) -> None:
@@ -190,6 +201,13 @@ class Dispatcher:
             self._device_names[device_type] = get_device(device_type).hardware_name()
         device_name = self._device_names[device_type]
         dtype_name = next(name for name, value in DTYPES.items() if value == dtype)
+        trained = {e.shape: e for e in self._training_entries.get(
+            (device_name, threads, dtype_name), [])}
+        if shape in trained:
+            entry = trained[shape]
+            self._check_toolchain(entry, device_type)
+            return Choice(entry.variant, dict(entry.params), "exact", decision=entry.decision,
+                          alternatives=entry.alternatives, pass_name=entry.pass_name)
         entries = self._entries.get((device_name, threads, dtype_name), [])
         by_shape = {e.shape: e for e in entries}
         if shape in by_shape:

@@ -15,6 +15,9 @@ from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_op, load_plugin
+from fusionlab.report.tables import best_rows
+from fusionlab.report.winners import footprint_mb
+from fusionlab.results import Decision
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
 
@@ -51,6 +54,8 @@ def test_cheats_have_honest_forwards() -> None:
 HONEST = [("rmsnorm", "naive", {}), ("rmsnorm", "builtin", {}),
           ("rmsnorm", "cpp", {"rows_per_task": 4}), ("layernorm", "builtin", {}),
           ("layernorm", "cpp", {"rows_per_task": 4}), ("add_rmsnorm", "naive", {}),
+          ("rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
+          ("layernorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
           ("add_rmsnorm", "cpp", {"rows_per_task": 4})]
 
 
@@ -109,6 +114,29 @@ def test_backward_and_forward_backward_sweeps_decide_cells(tmp_path) -> None:
         assert cell.verdicts, f"{cell.cell.label}: not decided"
         assert all(record.passed for record in cell.records), [
             (r.variant, r.message) for r in cell.records if not r.passed]
+        # The cpp variant's backward tunable is swept: both backwards measured, and gated.
+        backwards = {r.params.get("backward") for r in cell.records if r.variant == "cpp"}
+        assert backwards == {"torch-ops", "fused"}, (cell.cell.label, backwards)
+        _check_memory_budget(cell)
+    refused = run_cli("export", "rmsnorm", "--storage", storage, "--memory-budget", "0",
+                      cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+
+
+def _check_memory_budget(cell) -> None:
+    """--memory-budget: the winner is the fastest configuration whose footprint fits; a budget
+    below every footprint leaves the cell without one."""
+    footprints = sorted(f for r in cell.records if (f := footprint_mb(r)) is not None)
+    fastest = cell.ranked("cold")[0]
+    budget = footprints[0]  # only the smallest footprint(s) fit
+    (row,) = best_rows([cell], "cold", memory_budget_mb=budget)
+    fitting = [r for r in cell.ranked("cold") if (footprint_mb(r) or budget + 1) <= budget]
+    assert (row.variant, row.params) == (fitting[0].variant, fitting[0].params)
+    assert "saved + peak <= " in row.ranked_by
+    if footprint_mb(fastest) > budget:
+        assert row.decision is Decision.WITHIN_BUDGET
+    (none,) = best_rows([cell], "cold", memory_budget_mb=budget * 0.99)
+    assert none.variant is None and none.label.startswith("none within")
 
 
 def test_a_compiled_backward_runs_from_a_retained_graph() -> None:

@@ -117,13 +117,14 @@ class FusedAddNorm:
                 why = "; ".join(refused + ([choice.reason] if choice.reason else []))
                 numerics = "bit-exact" if _must_be_exact(x.dtype) else "within tolerance"
                 return kernel, self._row(key, name + _params_text(params), choice.match, why,
-                                         numerics)
+                                         numerics, choice.pass_name)
             refused.append(f"{name}{_params_text(params)} {problem}")
         return None, self._row(key, "(not fused)", "fallback",
                                "numerics differ: " + "; ".join(refused))
 
-    def _row(self, key: str, variant: str, match: str, why: str, numerics: str = "") -> PatchRow:
-        return PatchRow(self.path, self.op, key, variant, match, why, numerics)
+    def _row(self, key: str, variant: str, match: str, why: str, numerics: str = "",
+             pass_name: str = "") -> PatchRow:
+        return PatchRow(self.path, self.op, key, variant, match, why, numerics, pass_name)
 
     def _candidate(self, name: str, params: dict[str, Any], x: torch.Tensor,
                    residual: torch.Tensor) -> tuple[Kernel | None, str]:

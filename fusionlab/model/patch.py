@@ -55,6 +55,7 @@ class PatchRow:
     match: str  # exact | nearest | fallback
     why: str = ""
     numerics: str = ""  # how the kernel's output compares with the module's own
+    pass_name: str = ""  # the sweep pass whose cell chose the variant ("" when none did)
 
 
 def supports(variant: Variant, dtype: str, casting: str, offset: float) -> bool:
@@ -146,11 +147,13 @@ class PatchHandle:
         why (keys resolved after patching included); then the modules that look like norms and
         were not patched, with why; then which layers' adds were fused and which not."""
         rows = self.all_rows()
-        table = tabulate(
-            [(r.path, r.op, r.key, r.variant, r.match, r.numerics, r.why) for r in rows],
-            headers=["module", "op", "key", "variant", "match", "numerics", "why"],
-            tablefmt="simple",
-        )
+        headers = ["module", "op", "key", "variant", "match", "numerics", "why"]
+        cells = [[r.path, r.op, r.key, r.variant, r.match, r.numerics, r.why] for r in rows]
+        if self.mode == "training":  # which pass's sweep chose each module's kernel
+            headers.insert(4, "from pass")
+            for cell, row in zip(cells, rows, strict=True):
+                cell.insert(4, row.pass_name or "-")
+        table = tabulate(cells, headers=headers, tablefmt="simple")
         skipped = [f"not patched: {s.path or 'the root'} ({s.module_class}): {s.why}"
                    for s in self.skipped]
         return "\n".join([table, *skipped, *self.fused])
@@ -260,7 +263,7 @@ def _fused_layers(model: nn.Module, storage: str | None, winners: str | dict[str
                   mode: str, rank_by: str) -> tuple[list[FusedLayer], list[str]]:
     from fusionlab.model.fuse import fuse_layers
 
-    return fuse_layers(model, lambda op: _dispatcher(op, storage, winners, rank_by), mode)
+    return fuse_layers(model, lambda op: _dispatcher(op, storage, winners, rank_by, mode), mode)
 
 
 def _patch_norms(model: nn.Module, capture: Capture | str | None, storage: str | None,
@@ -277,7 +280,8 @@ def _patch_norms(model: nn.Module, capture: Capture | str | None, storage: str |
         raise UserError(
             f"the capture records no replaceable norm module for the ops asked for{first}"
         )
-    dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for op in {c.op for c in calls}}
+    dispatchers = {op: _dispatcher(op, storage, winners, rank_by, mode)
+                   for op in {c.op for c in calls}}
     modules: dict[str, PatchedModule] = {}
     rows: list[PatchRow] = []
     for call in calls:
@@ -338,7 +342,7 @@ def _patch_found_norms(model: nn.Module, storage: str | None,
     if not found:
         asked = f" for {', '.join(ops)}" if ops else ""
         raise UserError(f"{type(model).__name__} has no norm module fusionlab can replace{asked}")
-    dispatchers = {op: _dispatcher(op, storage, winners, rank_by) for _, _, op in found}
+    dispatchers = {op: _dispatcher(op, storage, winners, rank_by, mode) for _, _, op in found}
     modules = []
     for path, module, op in found:
         entry = PatchedModule(path, module, _probed_call(path, module, op))
@@ -364,14 +368,16 @@ def _probed_call(path: str, module: nn.Module, op: str) -> NormCall:
 
 
 def _dispatcher(op: str, storage: str | None, winners: str | dict[str, str] | None,
-                rank_by: str) -> Dispatcher:
+                rank_by: str, mode: str = "inference") -> Dispatcher:
+    """The op's dispatcher; in training mode a key's forward+backward winner comes first."""
+    training = mode == "training"
     if isinstance(winners, dict):
         if op not in winners:
             raise UserError(f"no winners file given for {op}: pass winners={{'{op}': FILE}}")
-        return Dispatcher(op, winners=winners[op], rank_by=rank_by)
+        return Dispatcher(op, winners=winners[op], rank_by=rank_by, training=training)
     if winners is not None:
-        return Dispatcher(op, winners=winners, rank_by=rank_by)
-    return Dispatcher(op, storage or DEFAULT_STORAGE, rank_by=rank_by)
+        return Dispatcher(op, winners=winners, rank_by=rank_by, training=training)
+    return Dispatcher(op, storage or DEFAULT_STORAGE, rank_by=rank_by, training=training)
 
 
 def _find(model: nn.Module, call: NormCall) -> nn.Module:
@@ -501,7 +507,7 @@ def _params_text(params: dict[str, Any]) -> str:
 def _row(entry: PatchedModule, key: str, choice: Choice, name: str, params: dict[str, Any],
          why: str, numerics: str) -> PatchRow:
     return PatchRow(entry.path, entry.op, key, name + _params_text(params), choice.match, why,
-                    numerics)
+                    numerics, choice.pass_name)
 
 
 def _disagreement(entry: PatchedModule, kernel: Kernel, x: torch.Tensor) -> str:

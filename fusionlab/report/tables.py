@@ -12,7 +12,13 @@ from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.report.fit import fit_table, pick_columns
 from fusionlab.report.verdict import implausible
-from fusionlab.report.winners import break_even, cell_winner, first_use_by_variant, writes_inputs
+from fusionlab.report.winners import (
+    break_even,
+    budget_label,
+    cell_winner,
+    first_use_by_variant,
+    writes_inputs,
+)
 from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
 from fusionlab.shapes import format_shape
 
@@ -163,7 +169,8 @@ def _label(variant: str, inplace: bool) -> str:
     return f"{variant} (in place)" if inplace else variant
 
 
-def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> WinnerRow:
+def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None,
+             memory_budget_mb: float | None = None) -> WinnerRow:
     """The typed row for one cell; numbers stay numbers (None where unknown)."""
     spec = get_op(cell.cell.op)
     failures = cell.failures()
@@ -176,11 +183,13 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
         failed=len(failures),
         measured=len(cell.records),
         failures=dict(Counter(r.status.value for r in failures)),
-        ranked_by=mode if calls is None else f"{mode} + {calls} calls x latency",
+        ranked_by=_ranked_by(cell, mode, calls, memory_budget_mb),
         toolchain=dict(cell.cell.toolchain),
     )
-    winner = cell_winner(cell, mode, calls)
+    winner = cell_winner(cell, mode, calls, memory_budget_mb=memory_budget_mb)
     if winner is None:
+        if cell.ranked(mode) and "MB" in row.ranked_by:
+            row.label = f"none within {memory_budget_mb:g} MB"
         return row
     best = winner.record
     timing = best.timing_for(mode)
@@ -218,7 +227,8 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
         row.runner_up = winner.runner_up.variant
         row.runner_up_label = _label(row.runner_up, writes_inputs(winner.runner_up))
     if row.inplace:
-        keeps_inputs = cell_winner(cell, mode, calls, allow_inplace=False)
+        keeps_inputs = cell_winner(cell, mode, calls, allow_inplace=False,
+                                   memory_budget_mb=memory_budget_mb)
         if keeps_inputs is not None:
             row.out_of_place = OutOfPlace(
                 keeps_inputs.record.variant, dict(keeps_inputs.record.params)
@@ -236,10 +246,19 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None) -> 
     return row
 
 
+def _ranked_by(cell: CellResult, mode: str, calls: int | None,
+               memory_budget_mb: float | None) -> str:
+    ranked_by = mode if calls is None else f"{mode} + {calls} calls x latency"
+    if memory_budget_mb is not None and cell.cell.pass_name != "forward":
+        return budget_label(ranked_by, memory_budget_mb)
+    return ranked_by
+
+
 def best_rows(
-    cells: list[CellResult], mode: str = "cold", calls: int | None = None
+    cells: list[CellResult], mode: str = "cold", calls: int | None = None,
+    memory_budget_mb: float | None = None,
 ) -> list[WinnerRow]:
-    return [best_row(cell, mode, calls) for cell in cells]
+    return [best_row(cell, mode, calls, memory_budget_mb) for cell in cells]
 
 
 def display_rows(

@@ -3,7 +3,9 @@
 The stored verdict (contenders re-measured in interleaved rounds, a bootstrap interval, `faster`,
 `equivalent` or `inconclusive`, equivalent contenders by a declared preference) decides; a cell
 measured without re-measurement falls back to the fastest median. With `calls`, the cost of first
-use counts: first use + calls x latency.
+use counts: first use + calls x latency. With a memory budget (passes with a backward), only
+configurations whose memory footprint fits it compete: the verdict stands if its winner fits,
+else the fastest median that fits wins.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ class Winner:
         """The verdict's outcome, or how the winner was ranked without one (by cost, or the
         fastest median when not re-measured)."""
         if self.verdict is None:
-            return Decision.BY_COST if "calls" in self.ranked_by else Decision.NOT_REMEASURED
+            if "calls" in self.ranked_by:
+                return Decision.BY_COST
+            if "MB" in self.ranked_by:
+                return Decision.WITHIN_BUDGET
+            return Decision.NOT_REMEASURED
         return self.verdict.decision
 
 
@@ -48,6 +54,31 @@ def first_use_by_variant(cell: CellResult) -> dict[str, float]:
     return costs
 
 
+def footprint_mb(record: TrialRecord) -> float | None:
+    """The most memory a pass with a backward held at once beyond its inputs, in MB: the
+    forward's peak, or the saved tensors plus the backward's own peak if more (both peaks are
+    counted from what was live when each pass began); None for a record without memory."""
+    memory = record.memory
+    if memory is None:
+        return None
+    return max(memory.forward_peak_bytes, memory.saved_bytes + memory.backward_peak_bytes) / 1e6
+
+
+def budget_label(mode: str, memory_budget_mb: float) -> str:
+    """How a cell ranked within a memory budget says so."""
+    return f"{mode}, saved + peak <= {memory_budget_mb:g} MB"
+
+
+def _fitting_per_variant(cell: CellResult, mode: str, budget_mb: float) -> dict[str, TrialRecord]:
+    """Each variant's fastest configuration among those whose footprint fits the budget."""
+    best: dict[str, TrialRecord] = {}
+    for record in cell.ranked(mode):
+        footprint = footprint_mb(record)
+        if footprint is not None and footprint <= budget_mb:
+            best.setdefault(record.variant, record)
+    return best
+
+
 def writes_inputs(record: TrialRecord) -> bool:
     """Whether the record's variant writes its results into its inputs (declared in place)."""
     variants = variants_of(record.op)
@@ -55,11 +86,18 @@ def writes_inputs(record: TrialRecord) -> bool:
 
 
 def cell_winner(
-    cell: CellResult, mode: str = "cold", calls: int | None = None, allow_inplace: bool = True
+    cell: CellResult, mode: str = "cold", calls: int | None = None, allow_inplace: bool = True,
+    memory_budget_mb: float | None = None,
 ) -> Winner | None:
-    """The winner of a cell, or None when nothing passed. Without `allow_inplace`, the winner
-    among variants that leave their inputs alone (what a caller that keeps them needs)."""
-    best = cell.best_per_variant(mode)
+    """The winner of a cell, or None when nothing passed (or fits). Without `allow_inplace`,
+    the winner among variants that leave their inputs alone (what a caller that keeps them
+    needs). `memory_budget_mb` applies to the cells of passes with a backward (their records
+    carry memory), not to forward cells."""
+    budget = memory_budget_mb if cell.cell.pass_name != "forward" else None
+    if budget is not None:
+        best = _fitting_per_variant(cell, mode, budget)
+    else:
+        best = cell.best_per_variant(mode)
     if not allow_inplace:
         best = {name: r for name, r in best.items() if not writes_inputs(r)}
     if not best:
@@ -67,17 +105,23 @@ def cell_winner(
     if calls is not None:
         first_use = first_use_by_variant(cell)
         ordered = sorted(best.values(), key=lambda r: _cost(r, mode, calls, first_use))
-        return Winner(
-            ordered[0], ordered[1] if len(ordered) > 1 else None, None, f"{mode}+{calls} calls"
-        )
+        ranked_by = f"{mode}+{calls} calls"
+        if budget is not None:
+            ranked_by = budget_label(ranked_by, budget)
+        return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
     verdict = cell.verdicts.get(mode)
     if verdict is not None:
         winner = cell.record_of(verdict.winner)
         runner = cell.record_of(verdict.runner_up) if verdict.runner_up else None
-        if winner is not None and winner.passed and winner.variant in best:
+        fits = budget is None or (
+            winner is not None and winner.variant in best
+            and best[winner.variant].config_label() == winner.config_label()
+        )
+        if winner is not None and winner.passed and winner.variant in best and fits:
             return Winner(winner, runner, verdict, mode)
     ordered = list(best.values())
-    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, mode)
+    ranked_by = mode if budget is None else budget_label(mode, budget)
+    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
 
 
 def break_even(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.layernorm import cpu_cpp, nki_kernel, triton_kernel
+from fusionlab.kernels.layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
 from fusionlab.registry import Kernel, register_variant
 
@@ -16,12 +16,20 @@ from fusionlab.registry import Kernel, register_variant
     "cpp",
     devices=("cpu",),
     tunables=cpu_cpp.TUNABLES,
+    backward_tunables={"backward": cpu_backward.BACKWARD_CHOICES},
     available=lambda device_type: cpu_cpp.unavailable_reason(),
-    check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+    check_params=lambda shape, params, device_type: cpu_cpp.param_error(
+        shape, **{k: v for k, v in params.items() if k != "backward"}
+    ),
     autograd=True,
 )
-def cpp(device_type: str, **params: Any) -> Kernel:
-    """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write."""
+def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
+    """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write;
+    its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel."""
+    cpu_backward.check_backward(backward)
+    if backward == "fused":
+        cpu_backward.load_extension()
+        return functools.partial(cpu_backward.layer_norm_cpp_fused_grad, **params)
     cpu_cpp.load_extension()
     return functools.partial(cpu_cpp.layer_norm_cpp, **params)
 

@@ -1,0 +1,69 @@
+"""The fused C++ backward of the C++ RMSNorm (csrc/rmsnorm_backward_cpu.cpp): the operator
+`fusionlab::rms_norm_cpu_backward_fused` (dx and a per-thread partial dweight in one pass over
+each row's block, fp32 accumulation) and `fusionlab::rms_norm_cpu_fused_grad`, rms_norm_cpu's
+forward whose C++ autograd kernel calls it. Which backward the `cpp` variant uses is its
+`backward` tunable, swept only by the passes with a backward (fusionlab/registry.py)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels.rmsnorm import cpu_cpp
+
+BACKWARD_CHOICES: tuple[str, ...] = ("torch-ops", "fused")
+"""torch-ops: kernels/norm_grads.py's backward; fused: this module's C++ kernel."""
+
+
+
+def check_backward(backward: str) -> None:
+    """Refuse a `backward` that is none of BACKWARD_CHOICES."""
+    if backward not in BACKWARD_CHOICES:
+        raise ValueError(f"backward must be one of {', '.join(BACKWARD_CHOICES)}, got {backward!r}")
+
+
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = (_CSRC / "rmsnorm_backward_cpu.cpp",)
+_HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "norm_backward_partials.h")
+_op: Callable[..., torch.Tensor] | None = None
+
+
+def load_extension() -> float:
+    """Build (first time per cache) or load the forward's and this operator; seconds spent."""
+    global _op
+    seconds = cpu_cpp.load_extension()
+    seconds += cpp_build.load("rmsnorm_backward_cpu", _SOURCES, _HEADERS)
+    _register_fakes()
+    _op = torch.ops.fusionlab.rms_norm_cpu_fused_grad.default
+    return seconds
+
+
+@functools.cache
+def _register_fakes() -> None:
+    torch.library.register_fake("fusionlab::rms_norm_cpu_backward_fused")(_fake_backward)
+    torch.library.register_fake("fusionlab::rms_norm_cpu_fused_grad")(_fake_forward)
+
+
+def _fake_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   offset: float, rows_per_task: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(weight)
+
+
+def _fake_forward(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+                  casting: str = "none", offset: float = 0.0,
+                  store: str = "auto") -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
+
+
+def rms_norm_cpp_fused_grad(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, casting: str = "none",
+    offset: float = 0.0, store: str = "auto",
+) -> torch.Tensor:
+    """cpu_cpp.rms_norm_cpp_with, its backward the fused C++ kernel."""
+    if _op is None:
+        load_extension()
+    return _op(x, weight, eps, rows_per_task, casting, offset, store)

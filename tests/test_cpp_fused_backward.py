@@ -1,0 +1,168 @@
+"""The fused C++ backward kernels of the C++ rmsnorm and layernorm: their gradients against the
+float64 reference's autograd gradients at awkward shapes in fp32 and bf16, any input layout,
+torch.library.opcheck of the new ops, and the `backward` tunable that only passes with a
+backward sweep."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusionlab.errors import RegistrationError
+from fusionlab.kernels.layernorm import cpu_backward as ln_backward
+from fusionlab.kernels.rmsnorm import cpu_backward as rms_backward
+from fusionlab.kernels.rmsnorm.spec import TOLERANCES, rms_norm_float64_with
+from fusionlab.numerics import DEFAULT, Numerics
+from fusionlab.registry import get_op, get_variant, register_variant
+
+_UNAVAILABLE = rms_backward.cpp_build.unavailable_reason()
+needs_cpp = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")
+EPS = 1e-6
+DTYPES = (torch.float32, torch.bfloat16)
+# One row; odd widths below and around a vector block; rows that no chunk size divides; 3-D.
+SHAPES = ((1, 7), (1, 4096), (3, 33), (67, 1000), (2, 3, 130))
+
+
+@pytest.fixture(scope="module")
+def loaded() -> None:
+    if _UNAVAILABLE is None:
+        rms_backward.load_extension()
+        ln_backward.load_extension()
+
+
+def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0,
+            mean: float = 0.0) -> tuple[torch.Tensor, ...]:
+    """x (around `mean`), an upstream gradient, a weight far from ones and a bias far from 0."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) + mean
+    grad = torch.randn(shape, generator=g)
+    weight = 1 + 0.5 * torch.randn(shape[-1], generator=g)
+    bias = 0.5 * torch.randn(shape[-1], generator=g)
+    return tuple(t.to(dtype) for t in (x, grad, weight, bias))
+
+
+def _float64_grads(fn, grad: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    leaves = [t.detach().double().requires_grad_() for t in tensors]
+    return list(torch.autograd.grad(fn(*leaves), leaves, grad.double()))
+
+
+def _kernel_grads(fn, grad: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    return list(torch.autograd.grad(fn(*leaves), leaves, grad))
+
+
+def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype) -> None:
+    """One rounding of an fp32 result, relative to each gradient's scale (a weight's gradient is
+    a sum over rows): twice the op's tolerance, as the sweep's gradient gate allows."""
+    tol = TOLERANCES[dtype]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype and g.shape == w.shape
+        scale = w.abs().max().item()
+        torch.testing.assert_close(g.double(), w, rtol=2 * tol.rtol, atol=2 * tol.atol * scale)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("numerics", [DEFAULT, Numerics("gemma", 1.0)], ids=["none", "gemma"])
+def test_fused_rmsnorm_backward_matches_float64_autograd(loaded, numerics, shape, dtype):
+    x, grad, weight, _ = _inputs(shape, dtype)
+    got = _kernel_grads(
+        lambda x, w: rms_backward.rms_norm_cpp_fused_grad(x, w, EPS, 16, numerics.casting,
+                                                          numerics.offset), grad, x, weight)
+    want = _float64_grads(lambda x, w: rms_norm_float64_with(x, w, EPS, numerics), grad, x, weight)
+    _assert_close(got, want, dtype)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_layernorm_backward_matches_float64_autograd(loaded, shape, dtype):
+    """x has mean 20: the moments are taken from the centred rows, not from raw sums."""
+    x, grad, weight, bias = _inputs(shape, dtype, mean=20.0)
+    got = _kernel_grads(
+        lambda x, w, b: ln_backward.layer_norm_cpp_fused_grad(x, w, b, EPS, 16), grad, x, weight,
+        bias)
+    want = _float64_grads(
+        lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, EPS), grad, x,
+        weight, bias)
+    _assert_close(got, want, dtype)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_layout_gives_the_contiguous_result(loaded, dtype):
+    """A strided x and an expanded (stride-0) upstream gradient are read correctly."""
+    x, _, weight, bias = _inputs((40, 130), dtype)
+    wide = torch.zeros(40, 260, dtype=dtype)
+    wide[:, ::2] = x
+    strided = wide[:, ::2]
+    grad = torch.randn(1, 130).to(dtype).expand(40, 130)
+    assert not strided.is_contiguous() and not grad.is_contiguous()
+    rms = torch.ops.fusionlab.rms_norm_cpu_backward_fused
+    ln = torch.ops.fusionlab.layer_norm_cpu_backward_fused
+    for got, want in [
+        (rms(grad, strided, weight, EPS, 0.0, 4), rms(grad.contiguous(), x, weight, EPS, 0.0, 4)),
+        (ln(grad, strided, weight, bias, EPS, 4), ln(grad.contiguous(), x, weight, bias, EPS, 4)),
+    ]:
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w)
+
+
+@needs_cpp
+def test_bad_arguments_are_refused(loaded):
+    x, grad, weight, _ = _inputs((4, 32), torch.float32)
+    rms = torch.ops.fusionlab.rms_norm_cpu_backward_fused
+    with pytest.raises(RuntimeError, match="grad_y must have x's shape"):
+        rms(grad[:2], x, weight, EPS, 0.0, 4)
+    with pytest.raises(RuntimeError, match="must share"):
+        rms(grad.double(), x, weight, EPS, 0.0, 4)
+    with pytest.raises(RuntimeError, match="rows_per_task"):
+        rms(grad, x, weight, EPS, 0.0, 0)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_new_ops_pass_opcheck(loaded, dtype):
+    x, grad, weight, bias = _inputs((3, 5, 100), dtype)
+    ops = torch.ops.fusionlab
+    torch.library.opcheck(ops.rms_norm_cpu_backward_fused.default, (grad, x, weight, EPS, 1.0, 2))
+    torch.library.opcheck(ops.layer_norm_cpu_backward_fused.default,
+                          (grad, x, weight, bias, EPS, 2))
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    torch.library.opcheck(ops.rms_norm_cpu_fused_grad.default, (*leaves[:2], EPS, 2))
+    torch.library.opcheck(ops.layer_norm_cpu_fused_grad.default, (*leaves, EPS, 2))
+
+
+@needs_cpp
+@pytest.mark.parametrize(("op", "n_params"), [("rmsnorm", 2), ("layernorm", 3)])
+def test_both_backward_choices_agree_through_the_variant(loaded, op, n_params):
+    """The `cpp` variant's tunable picks the backward; the forward is the same kernel."""
+    variant = get_variant(op, "cpp")
+    x, grad, weight, bias = _inputs((17, 96), torch.float32)
+    args = (x, weight, bias)[:n_params]
+    results = {}
+    for backward in rms_backward.BACKWARD_CHOICES:
+        kernel = variant.factory("cpu", rows_per_task=4, backward=backward)
+        leaves = [t.clone().requires_grad_() for t in args]
+        y = kernel(*leaves, EPS)
+        results[backward] = (y, torch.autograd.grad(y, leaves, grad))
+    (y_ops, g_ops), (y_fused, g_fused) = results["torch-ops"], results["fused"]
+    assert torch.equal(y_ops, y_fused)
+    for a, b in zip(g_ops, g_fused, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="backward must be one of"):
+        variant.factory("cpu", rows_per_task=4, backward="bogus")
+
+
+def test_the_backward_tunable_is_swept_only_with_a_backward():
+    variant = get_variant("rmsnorm", "cpp")
+    forward = list(variant.for_pass(False).configurations())
+    training = list(variant.for_pass(True).configurations())
+    assert all("backward" not in params for params in forward)
+    assert {params["backward"] for params in training} == {"torch-ops", "fused"}
+    assert len(training) == 2 * len(forward)
+    get_op("rmsnorm")  # the built-in ops are registered before the plugin-style one below
+    with pytest.raises(RegistrationError, match="declares autograd"):
+        register_variant("rmsnorm", "no-grad-tunable", devices=("cpu",), autograd=False,
+                         backward_tunables={"backward": ("a", "b")})(lambda device_type: None)
