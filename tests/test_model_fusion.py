@@ -156,6 +156,33 @@ def test_compile_pass_fuses_every_add_before_a_norm_without_graph_break(add_rmsn
     assert "not fused" not in fusing.report()
 
 
+@pytest.fixture(scope="module")
+def add_layernorm_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _storage(tmp_path_factory.mktemp("fusion"), "add_layernorm")
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gpt2"])
+def test_compile_pass_fuses_qwen3_and_gpt2_layers(name, request) -> None:
+    """Qwen3 (QK-norms, which no add feeds) and GPT-2 (add + LayerNorm): two adds per layer
+    feed a norm (the post-attention one, and the next layer's first or the final one)."""
+    model = (random_causal_lm(QWEN3) if name == "qwen3"
+             else tiny_model("gpt2-tiny", overrides=GPT2))
+    url = request.getfixturevalue("add_rmsnorm_url" if name == "qwen3" else "add_layernorm_url")
+    ids = torch.randint(0, 256, (1, TOKENS), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = model(ids, use_cache=False).logits
+        torch._dynamo.reset()
+        counters.clear()
+        fusing = fusionlab.backend(storage=url, inductor=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # norms without results of their own op keep theirs
+            got = torch.compile(model, backend=fusing)(ids, use_cache=False).logits
+    assert sum(counters["graph_break"].values()) == 0
+    assert fusing.rewrites == [2 * LAYERS]
+    assert fusing.fused_calls() == 2 * LAYERS
+    _close([got], [reference])
+
+
 def test_fusing_without_results_or_known_layers_is_refused_in_one_line(
     add_rmsnorm_url, tmp_path: Path
 ) -> None:
