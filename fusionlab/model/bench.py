@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,7 @@ def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[St
                 ways = [(handle.undo, unpatched_s), (handle.redo, patched_s)]
                 for switch, samples in ways[::-1] if run % 2 else ways:  # ABBA: no order bias
                     switch()
-                    samples.append(_time(step))
+                    samples.append(timed_s(step.run))
             handle.redo()
         gain, low, high = paired_ratio(unpatched_s, patched_s)
         results.append(StepResult(
@@ -104,11 +105,12 @@ def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[St
     return results
 
 
-def _time(step: Step) -> float:
+def timed_s(call: Callable[[], object]) -> float:
+    """Wall seconds of one call, the device synchronised before and after."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     start = time.perf_counter()
-    step.run()
+    call()
     sync()
     return time.perf_counter() - start
 

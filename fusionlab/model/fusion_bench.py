@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,13 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from fusionlab.model.bench import paired_ratio
+from fusionlab.model.bench import paired_ratio, timed_s
 from fusionlab.model.capture import Capture
 from fusionlab.model.fused_add_norm import FUSED_OPS
 from fusionlab.model.fusion_pass import FusionBackend, backend
 from fusionlab.model.models import Step
 from fusionlab.model.patch import PatchHandle, patch
-from fusionlab.model.sweep_saving import predicted_saving, sweep_times
+from fusionlab.model.sweep_saving import Times, predicted_saving, sweep_times
 
 EAGER = "eager"
 CONFIGS = (EAGER, "patched", "patched+fused", "compile", "compile+patched", "compile+fused pass")
@@ -107,7 +106,8 @@ def measure_fusion(model: nn.Module, steps_of: Callable[[nn.Module], list[Step]]
                 for row in _time_step(configs, step, runs)]
     torch._dynamo.reset()
     no_prediction: dict[str, str] = {}
-    rows = [_with_prediction(row, configs, patching, rows, no_prediction) for row in rows]
+    times = _sweep_times(configs, patching)
+    rows = [_with_prediction(row, configs, times, rows, no_prediction) for row in rows]
     return FusionResult(rows, runs, torch.get_num_threads(), compile_backend, no_prediction,
                         _fused_counts(configs), _fused_choices(configs))
 
@@ -153,7 +153,7 @@ def _build(model: nn.Module, steps_of: Callable[[nn.Module], list[Step]], patchi
         steps = steps_of(target)  # a causal LM's first call fills its cache: not timed
         config.steps = {step.name: step.run for step in steps}
         if name.startswith("compile"):  # the compile time, apart from the rounds
-            config.compile_ms = {step.name: _ms(step.run) for step in steps}
+            config.compile_ms = {step.name: 1e3 * timed_s(step.run) for step in steps}
     except Exception as error:  # dynamo or the compiler may raise anything on the model's code
         if not name.startswith("compile"):
             raise
@@ -172,7 +172,7 @@ def _time_step(configs: list[Configuration], step: str, runs: int) -> list[Fusio
     for round_index in range(runs):
         start = round_index % len(running)
         for config in running[start:] + running[:start]:
-            samples[config.name].append(_ms(config.steps[step]))
+            samples[config.name].append(1e3 * timed_s(config.steps[step]))
     reference = logits[EAGER]
     rows = []
     for config in configs:
@@ -190,7 +190,19 @@ def _time_step(configs: list[Configuration], step: str, runs: int) -> list[Fusio
     return rows
 
 
-def _with_prediction(row: FusionRow, configs: list[Configuration], patching: Patching,
+def _sweep_times(configs: list[Configuration], patching: Patching) -> Times | None:
+    """The sweep figures the eager configurations' predictions use, read once (None from a
+    winners file)."""
+    handles = [c.handle for c in configs
+               if c.handle is not None and not c.name.startswith("compile")]
+    if patching.storage is None or not handles:
+        return None
+    device = next((p.device.type for p in handles[0].model.parameters()), "cpu")
+    ops = {r.op for handle in handles for r in handle.all_rows()}
+    return sweep_times(patching.storage, ops, torch.get_num_threads(), device)
+
+
+def _with_prediction(row: FusionRow, configs: list[Configuration], times: Times | None,
                      rows: list[FusionRow], why: dict[str, str]) -> FusionRow:
     """The row with its predicted gain, or as it is with the reason noted in `why`."""
     if row.failed or row.config == EAGER:
@@ -198,16 +210,12 @@ def _with_prediction(row: FusionRow, configs: list[Configuration], patching: Pat
     if row.config.startswith("compile"):
         why[row.config] = COMPILED_NO_PREDICTION
         return row
-    if patching.storage is None:
+    if times is None:
         why[row.config] = "no prediction from a winners file: it holds no naive-chain timings"
         return row
     handle = next(c.handle for c in configs if c.name == row.config)
     assert handle is not None
-    device = next((p.device.type for p in handle.model.parameters()), "cpu")
-    ops = {r.op for r in handle.all_rows()}
-    prediction = predicted_saving(
-        handle, row.step, sweep_times(patching.storage, ops, torch.get_num_threads(), device)
-    )
+    prediction = predicted_saving(handle, row.step, times)
     if prediction.saving_ms is None:
         why[row.config] = prediction.why_none
         return row
@@ -226,11 +234,3 @@ def best_of(rows: list[FusionRow], step: str) -> tuple[FusionRow, FusionRow, tup
     best, runner_up = ranked[0], ranked[1]
     return best, runner_up, paired_ratio(list(runner_up.samples_ms), list(best.samples_ms))
 
-
-def _ms(call: Callable[[], object]) -> float:
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    call()
-    sync()
-    return 1e3 * (time.perf_counter() - start)
