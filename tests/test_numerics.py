@@ -202,3 +202,40 @@ def test_the_sweep_path_is_unchanged():
     assert cpp.func is cpu_cpp.rms_norm_cpp and cpp.keywords == {"rows_per_task": 4}
     add = get_variant("add_rmsnorm", "cpp").factory("cpu", rows_per_task=4)
     assert add.func is add_cpp.add_rms_norm_cpp
+
+
+def _activations(rows: int, hidden: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows like a model's activations: scales over orders of magnitude, a few outlier channels."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, hidden, generator=generator)
+    x *= torch.exp(2 * torch.randn(rows, 1, generator=generator))
+    x[:, torch.randint(0, hidden, (max(hidden // 64, 1),), generator=generator)] *= 20
+    return x.clamp(-1e4, 1e4).to(dtype)  # finite in float16
+
+
+@pytest.mark.skipif(_NO_CPP is not None, reason=f"{_NO_CPP}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("numerics", [LLAMA, GEMMA], ids=["llama", "gemma"])
+@pytest.mark.parametrize("op", ["rmsnorm", "add_rmsnorm"])
+def test_cpp_in_a_modules_numerics_equals_the_module_bit_for_bit(op, numerics, dtype):
+    """The C++ kernels sum the squares in ATen's order in a module's numerics
+    (kernels/rmsnorm/csrc/torch_order_sum.h), so their outputs equal LlamaRMSNorm's and
+    GemmaRMSNorm's bit for bit, in fp32 too, at widths below, at and around the vector widths
+    (the scalar path, tails, the cascade's levels) — in and out of place."""
+    for hidden in (1, 5, 8, 9, 100, 896, 4099):
+        rows = max(4, (1 << 16) // hidden)
+        x = _activations(rows, hidden, dtype, hidden)
+        weight = (1 + 0.1 * _activations(1, hidden, torch.float32, 1)[0]).to(dtype)
+        if op == "rmsnorm":
+            inputs, hf_input = (x, weight, 1e-6), x
+        else:
+            residual = 3 * _activations(rows, hidden, dtype, 2)
+            inputs, hf_input = (x, residual, weight, 1e-6), residual + x
+        with torch.no_grad():
+            want = _hf_module(numerics, weight, 1e-6)(hf_input)
+        names = ("cpp",) if op == "rmsnorm" else ("cpp", "cpp-inplace")
+        for name in names:
+            got = _call(op, name, numerics, inputs)
+            assert torch.equal(got[0], want), (name, hidden, int((got[0] != want).sum()))
+            if op == "add_rmsnorm":
+                assert torch.equal(got[1], hf_input), (name, hidden)

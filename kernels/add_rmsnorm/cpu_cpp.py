@@ -23,7 +23,8 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
 }
 
 _SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_cpu.cpp",)
-_HEADERS = (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",)
+_HEADERS = tuple(Path(__file__).parents[1] / "rmsnorm" / "csrc" / name
+                 for name in ("cpu_norm_common.h", "torch_order_sum.h"))
 OP_NAME = "fusionlab::add_rms_norm_cpu"
 INPLACE_OP_NAME = "fusionlab::add_rms_norm_cpu_"
 Pair = tuple[torch.Tensor, torch.Tensor]

@@ -21,7 +21,7 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = (_CSRC / "rmsnorm_cpu.cpp",)
-_HEADERS = (_CSRC / "cpu_norm_common.h",)
+_HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "torch_order_sum.h")
 OP_NAME = "fusionlab::rms_norm_cpu"
 _op: Callable[..., torch.Tensor] | None = None
 

@@ -15,6 +15,7 @@
 // Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
+#include "torch_order_sum.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
@@ -58,10 +59,10 @@ inline float add_scalar(T x, T r) {
   return kRoundSum ? round_scalar<T>(s) : s;
 }
 
-template <bool kStream, bool kRoundSum, bool kRoundNormed, typename T>
-void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, const float* w,
-                      T* out, T* res, int64_t n, float eps) {
-  // Four independent accumulators keep several FMAs in flight instead of one dependent chain.
+// Sum of the squares of s = x + r (in fp32) with four independent accumulators: several FMAs in flight
+// instead of one dependent chain.
+template <typename T>
+float fast_add_sum_sq(const T* x, const T* r, int64_t n) {
   fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
   int64_t i = 0;
   for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
@@ -70,8 +71,8 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
     load_block(x + i + kBlock, c, d);
     load_block(r + i, ra, rb);
     load_block(r + i + kBlock, rc, rd);
-    add_block<kRoundSum, T>(a, b, ra, rb);
-    add_block<kRoundSum, T>(c, d, rc, rd);
+    add_block<false, T>(a, b, ra, rb);
+    add_block<false, T>(c, d, rc, rd);
     acc0 = at::vec::fmadd(a, a, acc0);
     acc1 = at::vec::fmadd(b, b, acc1);
     acc2 = at::vec::fmadd(c, c, acc2);
@@ -81,7 +82,7 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
     fVec a, b, ra, rb;
     load_block(x + i, a, b);
     load_block(r + i, ra, rb);
-    add_block<kRoundSum, T>(a, b, ra, rb);
+    add_block<false, T>(a, b, ra, rb);
     acc0 = at::vec::fmadd(a, a, acc0);
     acc1 = at::vec::fmadd(b, b, acc1);
     i += kBlock;
@@ -89,13 +90,30 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
   float sum_sq = at::vec::vec_reduce_all<float>(
       [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
   for (; i < n; ++i) {
-    const float s = add_scalar<kRoundSum>(x[i], r[i]);
+    const float s = add_scalar<false>(x[i], r[i]);
     sum_sq += s * s;
   }
+  return sum_sq;
+}
 
+// With a module's numerics (kRoundSum: "llama", "gemma") the sum is rounded as the module's own
+// add rounds it, into `scratch` (n elements), and its squares are summed in ATen's order
+// (torch_order_sum.h), so the statistic is the module's bit for bit.
+template <bool kStream, bool kRoundSum, bool kRoundNormed, typename T>
+void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, const float* w,
+                      T* out, T* res, T* scratch, int64_t n, float eps) {
+  float sum_sq;
+  if constexpr (kRoundSum) {
+    for (int64_t e = 0; e < n; ++e) {
+      scratch[e] = static_cast<T>(add_scalar<true>(x[e], r[e]));
+    }
+    sum_sq = torch_order_sum_sq(scratch, n);
+  } else {
+    sum_sq = fast_add_sum_sq(x, r, n);
+  }
   const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
   const fVec vinv(inv_rms);
-  i = 0;
+  int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     prefetch_block(x_next + i);
     prefetch_block(r_next + i);
@@ -126,13 +144,14 @@ template <bool kStream, bool kRoundSum, bool kRoundNormed, typename T>
 void add_rms_norm_rows(const T* x, const T* r, const float* w, T* out, T* res, const Rows& g,
                        float eps, int64_t rows_per_task) {
   at::parallel_for(0, g.rows, rows_per_task, [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch(kRoundSum ? g.hidden : 0);
     for (int64_t row = begin; row < end; ++row) {
       const T* x_row = x + row * g.x_stride;
       const T* r_row = r + row * g.r_stride;
       const bool last = row + 1 >= end;
       add_rms_norm_row<kStream, kRoundSum, kRoundNormed>(x_row, r_row, last ? x_row : x_row + g.x_stride,
                                 last ? r_row : r_row + g.r_stride, w, out + row * g.out_stride,
-                                res + row * g.res_stride, g.hidden, eps);
+                                res + row * g.res_stride, scratch.data(), g.hidden, eps);
     }
     if constexpr (kStream) {
       stream_fence();

@@ -6,6 +6,7 @@
 // strides) are in cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
+#include "torch_order_sum.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
@@ -19,10 +20,10 @@ namespace {
 
 using namespace fusionlab_cpu;
 
-// x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
-template <bool kStream, bool kRoundNormed, typename T>
-void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, float eps) {
-  // Four independent accumulators keep several FMAs in flight instead of one dependent chain.
+// Sum of squares with four independent accumulators: several FMAs in flight instead of one
+// dependent chain.
+template <typename T>
+float fast_sum_sq(const T* x, int64_t n) {
   fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
   int64_t i = 0;
   for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
@@ -47,10 +48,22 @@ void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, 
     const float v = static_cast<float>(x[i]);
     sum_sq += v * v;
   }
+  return sum_sq;
+}
 
+// x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
+// kTorchOrder sums the squares as ATen does (torch_order_sum.h), for a module's own numerics.
+template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename T>
+void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, float eps) {
+  float sum_sq;
+  if constexpr (kTorchOrder) {
+    sum_sq = torch_order_sum_sq(x, n);
+  } else {
+    sum_sq = fast_sum_sq(x, n);
+  }
   const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
   const fVec vinv(inv_rms);
-  i = 0;
+  int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
     prefetch_block(x_next + i);
     fVec a, b;
@@ -74,14 +87,14 @@ void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, 
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
 // threads (none for rows <= rows_per_task).
-template <bool kStream, bool kRoundNormed, typename T>
+template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename T>
 void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64_t rows,
                    int64_t hidden, float eps, int64_t rows_per_task) {
   at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * x_row_stride;
       const T* next = r + 1 < end ? row + x_row_stride : row;
-      rms_norm_row<kStream, kRoundNormed>(row, next, w, y + r * hidden, hidden, eps);
+      rms_norm_row<kStream, kRoundNormed, kTorchOrder>(row, next, w, y + r * hidden, hidden, eps);
     }
     if constexpr (kStream) {
       stream_fence();
@@ -129,9 +142,15 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    const auto rows_fn = round_normed
-        ? (stream ? rms_norm_rows<true, true, scalar_t> : rms_norm_rows<false, true, scalar_t>)
-        : (stream ? rms_norm_rows<true, false, scalar_t> : rms_norm_rows<false, false, scalar_t>);
+    // A module's numerics ("llama", "gemma") also mean its order of summing.
+    const auto rows_fn = casting == "none"
+        ? (stream ? rms_norm_rows<true, false, false, scalar_t>
+                  : rms_norm_rows<false, false, false, scalar_t>)
+        : round_normed
+        ? (stream ? rms_norm_rows<true, true, true, scalar_t>
+                  : rms_norm_rows<false, true, true, scalar_t>)
+        : (stream ? rms_norm_rows<true, false, true, scalar_t>
+                  : rms_norm_rows<false, false, true, scalar_t>);
     rows_fn(x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
