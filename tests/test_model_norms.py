@@ -5,6 +5,7 @@ norms' own calls and its plausibility marks: tiny real models, real sweeps."""
 
 from __future__ import annotations
 
+import time
 import warnings
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from torch import nn
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
 from fusionlab.model.bench import StepResult, benchmark, render
-from fusionlab.model.predict import CallTiming
+from fusionlab.model.models import Step
+from fusionlab.model.predict import CallTiming, time_calls
 
 HIDDEN = 64
 TOKENS = 8
@@ -242,6 +244,51 @@ def test_the_prediction_comes_from_the_norms_calls_timed_in_this_run(url: str) -
         assert result.argmax_agreement == 1.0
     assert "of 2 rows: predicted gain inside the measured 95% interval" in render(results, handle)
     assert _patched_anywhere(model)
+    handle.undo()
+
+
+class _SlowInSituRMSNorm(nn.RMSNorm):
+    """An RMSNorm whose own forward costs 3 ms more when its model has just run its projection
+    (as a norm after a matmul meets cold caches), and nothing extra when called on its own."""
+
+    armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _SlowInSituRMSNorm.armed:
+            end = time.perf_counter() + 0.003
+            while time.perf_counter() < end:
+                pass
+        return super().forward(x)
+
+
+class _ProjectionModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(HIDDEN, HIDDEN)
+        self.norm = _SlowInSituRMSNorm(HIDDEN, eps=1e-6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _SlowInSituRMSNorm.armed = True
+        try:
+            return self.norm(self.proj(x))
+        finally:
+            _SlowInSituRMSNorm.armed = False
+
+
+def test_the_prediction_times_each_norm_call_inside_the_running_step(url: str) -> None:
+    """A cost the norm pays only inside the model is in the prediction; the isolated call,
+    as the training prediction times it, does not see it."""
+    model = _randomise(_ProjectionModel())
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(5))
+    steps = [Step("prefill", lambda: model(x))]
+    handle = patch(model, capture(model, steps, repeats=2), storage=url)
+    (result,) = benchmark(handle, steps, runs=5)
+    (group,) = result.calls
+    assert group.calls == 1 and group.variant != "(unpatched)"
+    assert group.own_us > 3000 and group.saving_us > 2500
+    assert result.predicted_saving_ms > 2.5
+    (isolated,) = time_calls(handle, "prefill", rounds=3)
+    assert isolated.own_us < 1000
     handle.undo()
 
 

@@ -1,6 +1,6 @@
 """Prove a patch end to end: time the model patched and unpatched alternately, check the logits,
-and set the gain predicted from the norms' own calls (timed call level in this run, see
-fusionlab.model.predict) beside the measured one; every figure is checked for plausibility."""
+and set the gain predicted from the norms' own calls (timed inside the running step in this run,
+see fusionlab.model.predict) beside the measured one; every figure is checked for plausibility."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from tabulate import tabulate
 
 from fusionlab.model.models import Step
-from fusionlab.model.predict import CallTiming, time_calls
+from fusionlab.model.predict import CallTiming, time_in_situ
 from fusionlab.plausible import marked, ratio_problem, saving_problem, share_problem
 
 if TYPE_CHECKING:
@@ -72,12 +72,12 @@ class StepResult:
 
 
 def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[StepResult]:
-    """Per step: the norms' calls timed both ways (the prediction), then alternating unpatched
-    and patched runs of the whole step (same threads, same inputs; the order flips every run,
-    so neither way always runs right after the other)."""
+    """Per step: the norms' calls timed both ways inside the running step (the prediction), then
+    alternating unpatched and patched runs of the whole step (same threads, same inputs; the
+    order flips every run, so neither way always runs right after the other)."""
     results = []
     for step in steps:
-        calls = tuple(time_calls(handle, step.name))
+        calls = tuple(time_in_situ(handle, step))
         with torch.no_grad():
             handle.undo()
             reference = step.run().float()
@@ -159,8 +159,8 @@ def render(results: list[StepResult], handle: PatchHandle) -> str:
     return "\n".join([
         tabulate(table, headers=header, tablefmt="simple", disable_numparse=True),
         f"{runs} alternating runs per step at {torch.get_num_threads()} thread(s); predicted = "
-        "sum over the step's norm calls of (own - patched forward), each called as the model "
-        "calls it, paired rounds in this run; norm share = those calls' own time / the unpatched "
+        "sum over the step's norm calls of (own - patched forward), each timed inside the "
+        "running step, paired runs in this run; norm share = those calls' own time / the unpatched "
         "step; gain = unpatched / patched median, 95% bootstrap interval over the pairs",
         f"{inside} of {len(results)} rows: predicted gain inside the measured 95% interval",
         *notes,

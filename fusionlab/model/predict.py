@@ -1,9 +1,11 @@
-"""Predict a patch's end-to-end saving from the calls the model makes: each captured norm module
-is called as the model calls it (`module(x)`: the module call, the patched table lookup, the
-kernel) at its captured keys, its own forward against the patched one in paired interleaved
-rounds (for a training step: the call and its backward to the input and the module's
-parameters). Modules of one class at one key with one chosen variant are timed once, on one of
-them."""
+"""Predict a patch's end-to-end saving from the calls the model makes.
+
+Inference steps are timed in situ: a clock read around every captured norm module's forward
+(module hooks) while the whole step runs, unpatched and patched in alternating runs, so each
+call pays what it pays inside the model (cold caches after the matmuls, the allocator's state,
+the module call). Training steps call each module as the model calls it (`module(x)` and its
+backward to the input and the module's parameters) at its captured key, in paired interleaved
+rounds; modules of one class at one key with one chosen variant are timed once, on one of them."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import nn
 from fusionlab.shapes import DTYPES
 
 if TYPE_CHECKING:
+    from fusionlab.model.models import Step
     from fusionlab.model.patch import PatchHandle
 
 _SAMPLE_S = 0.002  # wall time of one sample: enough calls that the clock's cost vanishes
@@ -63,6 +66,83 @@ def time_calls(handle: PatchHandle, step: str, rounds: int = 15,
                                                                  strict=True)))
         for group, (_, _, count) in groups.items()
     ]
+
+
+def time_in_situ(handle: PatchHandle, step: Step, rounds: int = 15) -> list[CallTiming]:
+    """Time every group of the step's captured module calls inside `rounds` runs of the whole
+    step each way (unpatched and patched alternate, the order flipping every round, as the
+    step itself is timed); a call's time runs from its forward pre-hook to its forward hook.
+    Gradients off; the handle is left patched."""
+    groups = _path_groups(handle, step.name)
+    own: dict[tuple[str, str, str], list[float]] = {g: [] for g in set(groups.values())}
+    patched: dict[tuple[str, str, str], list[float]] = {g: [] for g in own}
+    counts: dict[tuple[str, str, str], int] = dict.fromkeys(own, 0)
+    durations: list[tuple[str, float]] = []
+    hooks = _clock_hooks(handle, groups, durations)
+    try:
+        with torch.no_grad():
+            for round_index in range(rounds + 1):  # round 0 warms both ways up, uncounted
+                order = [(handle.undo, own), (handle.redo, patched)]
+                for switch, samples in order[::-1] if round_index % 2 else order:
+                    switch()
+                    durations.clear()
+                    step.run()
+                    _sync()
+                    if round_index:
+                        _add_round(samples, counts, groups, durations)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        handle.redo()
+    return [
+        CallTiming(*group, counts[group] // (2 * rounds),
+                   1e6 * statistics.median(own[group]), 1e6 * statistics.median(patched[group]),
+                   1e6 * statistics.median(a - b for a, b in zip(own[group], patched[group],
+                                                                 strict=True)))
+        for group in own if own[group]
+    ]
+
+
+def _path_groups(handle: PatchHandle, step: str) -> dict[str, tuple[str, str, str]]:
+    """Module path -> (class, key, variant) for the step's captured module calls."""
+    variants = {(row.path, row.key): row.variant for row in handle.rows}
+    return {
+        call.path: (call.module_class, call.key,
+                    variants.get((call.path, call.key), "(unpatched)"))
+        for call in handle.capture.calls if call.step == step and call.source == "module"
+    }
+
+
+def _clock_hooks(handle: PatchHandle, groups: dict[str, tuple[str, str, str]],
+                 durations: list[tuple[str, float]]) -> list[torch.utils.hooks.RemovableHandle]:
+    """Forward pre-hooks and hooks that append (path, seconds) for every call of the modules."""
+    starts: dict[str, float] = {}
+    hooks = []
+    for path in groups:
+        module = handle.model.get_submodule(path)
+
+        def before(_module: nn.Module, _args: object, path: str = path) -> None:
+            _sync()
+            starts[path] = time.perf_counter()
+
+        def after(_module: nn.Module, _args: object, _out: object, path: str = path) -> None:
+            _sync()
+            durations.append((path, time.perf_counter() - starts[path]))
+
+        hooks += [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+    return hooks
+
+
+def _add_round(samples: dict[tuple[str, str, str], list[float]],
+               counts: dict[tuple[str, str, str], int], groups: dict[str, tuple[str, str, str]],
+               durations: list[tuple[str, float]]) -> None:
+    """One run's durations as each group's mean seconds per call."""
+    totals: dict[tuple[str, str, str], list[float]] = {}
+    for path, seconds in durations:
+        totals.setdefault(groups[path], []).append(seconds)
+    for group, times in totals.items():
+        samples[group].append(sum(times) / len(times))
+        counts[group] += len(times)
 
 
 def _groups(handle: PatchHandle, step: str
