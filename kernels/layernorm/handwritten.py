@@ -6,8 +6,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
+from fusionlab.kernels.layernorm import (
+    cpu_backward,
+    cpu_cpp,
+    nki_kernel,
+    triton_backward,
+    triton_kernel,
+)
 from fusionlab.kernels.layernorm.spec import LAYERNORM
+from fusionlab.kernels.rmsnorm import triton_backward as rms_triton_backward
 from fusionlab.registry import Kernel, register_variant
 
 
@@ -53,10 +60,17 @@ def nki(device_type: str, **params: Any) -> Kernel:
     "triton",
     devices=("cuda",),
     tunables=triton_kernel.TUNABLES,
+    backward_tunables={"backward": rms_triton_backward.BACKWARD_CHOICES},
     available=lambda device_type: triton_kernel.unavailable_reason(),
-    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(
+        shape, **{k: v for k, v in params.items() if k != "backward"}
+    ),
     autograd=True,
 )
-def triton(device_type: str, **params: Any) -> Kernel:
-    """Triton kernel: mean and variance of each row from one read, several rows per program."""
+def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
+    """Triton kernel: mean and variance of each row from one read, several rows per program;
+    its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
+    rms_triton_backward.check_backward(backward)
+    if backward == "fused":
+        return functools.partial(triton_backward.layer_norm_triton_fused_grad, **params)
     return functools.partial(triton_kernel.layer_norm_triton, **params)

@@ -6,7 +6,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
+from fusionlab.kernels.rmsnorm import (
+    cpu_backward,
+    cpu_cpp,
+    nki_kernel,
+    triton_backward,
+    triton_kernel,
+)
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
@@ -46,12 +52,19 @@ def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-o
     "triton",
     devices=("cuda",),
     tunables=triton_kernel.TUNABLES,
+    backward_tunables={"backward": triton_backward.BACKWARD_CHOICES},
     available=triton_kernel.unavailable_reason,
-    check_params=lambda shape, params, device_type: triton_kernel.param_error(shape, **params),
+    check_params=lambda shape, params, device_type: triton_kernel.param_error(
+        shape, **{k: v for k, v in params.items() if k != "backward"}
+    ),
     autograd=True,
 )
-def triton(device_type: str, **params: Any) -> Kernel:
-    """Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on each row."""
+def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
+    """Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on each row;
+    its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
+    triton_backward.check_backward(backward)
+    if backward == "fused":
+        return functools.partial(triton_backward.rms_norm_triton_fused_grad, **params)
     return functools.partial(triton_kernel.rms_norm_triton, **params)
 
 
