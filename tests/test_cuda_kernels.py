@@ -49,7 +49,42 @@ def cases() -> list[tuple[str, tuple[int, ...], str, tuple[int, int], str]]:
             out.append((op, (64, 4096), "bfloat16", (2, 64), view))
     out.append(("add_rmsnorm_", (128, 4096), "bfloat16", (2, 64), "contiguous"))
     out.append(("add_rmsnorm_", (64, 4096), "bfloat16", (2, 64), "column-slice"))
+    for op in ("rmsnorm_backward", "layernorm_backward"):  # the fused backwards
+        for shape in ((32, 4096), (2048, 8192)):
+            for dtype in ("bfloat16", "float32"):
+                out.append((op, shape, dtype, NAMED[shape[-1]][0], "contiguous"))
     return out
+
+
+def _backward_case(op: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                   params: dict[str, int], tol: float) -> float:
+    """Worst error of the fused backward's gradients against float64 autograd, relative to each
+    gradient's scale (dweight sums over rows); <= 1 passes."""
+    from fusionlab.kernels.layernorm import triton_backward as ln_backward
+    from fusionlab.kernels.rmsnorm import triton_backward as rms_backward
+
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    grad = torch.randn(x.shape, generator=gen, device=DEVICE).to(x.dtype)
+    tensors = (x, w) if op == "rmsnorm_backward" else (x, w, b)
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    wide = [t.detach().double().requires_grad_() for t in tensors]
+    if op == "rmsnorm_backward":
+        got = torch.autograd.grad(rms_backward.rms_norm_triton_fused_grad(*leaves, 1e-6, **params),
+                                  leaves, grad)
+        ref = wide[0] * torch.rsqrt(wide[0].pow(2).mean(-1, keepdim=True) + 1e-6) * wide[1]
+    else:
+        got = torch.autograd.grad(ln_backward.layer_norm_triton_fused_grad(*leaves, 1e-5, **params),
+                                  leaves, grad)
+        mean = wide[0].mean(-1, keepdim=True)
+        var = (wide[0] - mean).pow(2).mean(-1, keepdim=True)
+        ref = (wide[0] - mean) * torch.rsqrt(var + 1e-5) * wide[1] + wide[2]
+    want = torch.autograd.grad(ref, wide, grad.double())
+    worst = 0.0
+    for g, w64 in zip(got, want, strict=True):
+        assert g.dtype == x.dtype and g.shape == w64.shape
+        bound = 2 * tol * (w64.abs().max() + w64.abs())
+        worst = max(worst, ((g.double() - w64).abs() / bound).max().item())
+    return worst
 
 
 def _view(t: torch.Tensor, view: str) -> torch.Tensor:
@@ -92,6 +127,8 @@ def _run_case(op, shape, dtype_name, cfg, view) -> float:
         var = (v - mean).pow(2).mean(-1, keepdim=True)
         return (v - mean) * torch.rsqrt(var + 1e-5) * w64 + b.double()
 
+    if op.endswith("_backward"):
+        return _backward_case(op, x, w, b, params, TOLERANCES[dtype_name])
     if op == "rmsnorm":
         pairs = [(rms.rms_norm_triton(x, w, 1e-6, **params), rms64(x64))]
     elif op == "layernorm":
