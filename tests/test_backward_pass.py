@@ -62,7 +62,9 @@ HONEST = [("rmsnorm", "naive", {}), ("rmsnorm", "builtin", {}),
           ("layernorm", "cpp", {"rows_per_task": 4}), ("add_rmsnorm", "naive", {}),
           ("rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
           ("layernorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
-          ("add_rmsnorm", "cpp", {"rows_per_task": 4})]
+          ("add_rmsnorm", "cpp", {"rows_per_task": 4}),
+          ("add_rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
+          ("add_layernorm", "cpp", {"rows_per_task": 4, "backward": "fused"})]
 
 
 @pytest.mark.parametrize(("op", "variant", "params"), HONEST)

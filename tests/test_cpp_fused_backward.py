@@ -1,19 +1,27 @@
-"""The fused C++ backward kernels of the C++ rmsnorm and layernorm: their gradients against the
-float64 reference's autograd gradients at awkward shapes in fp32 and bf16, any input layout,
-torch.library.opcheck of the new ops, and the `backward` tunable that only passes with a
-backward sweep."""
+"""The fused C++ backward kernels of the C++ rmsnorm, layernorm, add_rmsnorm and add_layernorm:
+their gradients against the float64 reference's autograd gradients at awkward shapes in fp32 and
+bf16 (the add ops with both outputs' gradients used, or either alone), any input layout,
+torch.library.opcheck of the new ops, the `backward` tunable that only passes with a backward
+sweep, and a real backward sweep of add_rmsnorm that measures both backwards."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import run_cli
 
 from fusionlab.errors import RegistrationError
+from fusionlab.kernels.add_layernorm import cpu_backward as add_ln_backward
+from fusionlab.kernels.add_layernorm.spec import add_layer_norm_float64
+from fusionlab.kernels.add_rmsnorm import cpu_backward as add_rms_backward
+from fusionlab.kernels.add_rmsnorm.spec import add_rms_norm_float64_with
 from fusionlab.kernels.layernorm import cpu_backward as ln_backward
 from fusionlab.kernels.rmsnorm import cpu_backward as rms_backward
 from fusionlab.kernels.rmsnorm.spec import TOLERANCES, rms_norm_float64_with
 from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.registry import get_op, get_variant, register_variant
+from fusionlab.search.results_store import load_cells
+from fusionlab.search.storage import open_storage
 
 _UNAVAILABLE = rms_backward.cpp_build.unavailable_reason()
 needs_cpp = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")
@@ -28,6 +36,8 @@ def loaded() -> None:
     if _UNAVAILABLE is None:
         rms_backward.load_extension()
         ln_backward.load_extension()
+        add_rms_backward.load_extension()
+        add_ln_backward.load_extension()
 
 
 def _inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0,
@@ -135,28 +145,36 @@ def test_new_ops_pass_opcheck(loaded, dtype):
 
 
 @needs_cpp
-@pytest.mark.parametrize(("op", "n_params"), [("rmsnorm", 2), ("layernorm", 3)])
-def test_both_backward_choices_agree_through_the_variant(loaded, op, n_params):
-    """The `cpp` variant's tunable picks the backward; the forward is the same kernel."""
+@pytest.mark.parametrize(("op", "args"), [
+    ("rmsnorm", "xw"), ("layernorm", "xwb"), ("add_rmsnorm", "xrw"), ("add_layernorm", "xrwb"),
+])
+def test_both_backward_choices_agree_through_the_variant(loaded, op, args):
+    """The `cpp` variant's tunable picks the backward; the forward is the same kernel. The add
+    ops' outputs (y, residual_out) both get an upstream gradient."""
     variant = get_variant(op, "cpp")
     x, grad, weight, bias = _inputs((17, 96), torch.float32)
-    args = (x, weight, bias)[:n_params]
+    residual, grad_sum = _inputs((17, 96), torch.float32, seed=1)[:2]
+    tensors = {"x": x, "r": residual, "w": weight, "b": bias}
     results = {}
     for backward in rms_backward.BACKWARD_CHOICES:
         kernel = variant.factory("cpu", rows_per_task=4, backward=backward)
-        leaves = [t.clone().requires_grad_() for t in args]
-        y = kernel(*leaves, EPS)
-        results[backward] = (y, torch.autograd.grad(y, leaves, grad))
+        leaves = [tensors[name].clone().requires_grad_() for name in args]
+        outputs = kernel(*leaves, EPS)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        grads = (grad, grad_sum)[:len(outputs)]
+        results[backward] = (outputs, torch.autograd.grad(outputs, leaves, grads))
     (y_ops, g_ops), (y_fused, g_fused) = results["torch-ops"], results["fused"]
-    assert torch.equal(y_ops, y_fused)
+    for a, b in zip(y_ops, y_fused, strict=True):
+        assert torch.equal(a, b)
     for a, b in zip(g_ops, g_fused, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="backward must be one of"):
         variant.factory("cpu", rows_per_task=4, backward="bogus")
 
 
-def test_the_backward_tunable_is_swept_only_with_a_backward():
-    variant = get_variant("rmsnorm", "cpp")
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm", "add_layernorm"])
+def test_the_backward_tunable_is_swept_only_with_a_backward(op):
+    variant = get_variant(op, "cpp")
     forward = list(variant.for_pass(False).configurations())
     training = list(variant.for_pass(True).configurations())
     assert all("backward" not in params for params in forward)
@@ -166,3 +184,168 @@ def test_the_backward_tunable_is_swept_only_with_a_backward():
     with pytest.raises(RegistrationError, match="declares autograd"):
         register_variant("rmsnorm", "no-grad-tunable", devices=("cpu",), autograd=False,
                          backward_tunables={"backward": ("a", "b")})(lambda device_type: None)
+
+
+def _add_inputs(shape: tuple[int, ...], dtype: torch.dtype,
+                mean: float = 0.0) -> dict[str, torch.Tensor]:
+    """x (around `mean`), residual, weight, bias and the upstream gradients of y and of
+    residual_out (`grad_sum`)."""
+    x, grad, weight, bias = _inputs(shape, dtype, seed=0, mean=mean)
+    residual, grad_sum = _inputs(shape, dtype, seed=1)[:2]
+    return {"x": x, "residual": residual, "weight": weight, "bias": bias, "grad": grad,
+            "grad_sum": grad_sum}
+
+
+def _pair_grads(fn, t: dict[str, torch.Tensor], names: str, used: str,
+                float64: bool = False) -> list[torch.Tensor]:
+    """Gradients of fn's inputs `names` (leaves) from the upstream gradients of the outputs in
+    `used` ("y", "sum" or both)."""
+    cast = (lambda v: v.detach().double()) if float64 else (lambda v: v.detach().clone())
+    leaves = [cast(t[name]).requires_grad_() for name in names.split(",")]
+    y, total = fn(*leaves)
+    outputs, grads = [], []
+    if "y" in used:
+        outputs.append(y), grads.append(cast(t["grad"]))
+    if "sum" in used:
+        outputs.append(total), grads.append(cast(t["grad_sum"]))
+    return list(torch.autograd.grad(outputs, leaves, grads, materialize_grads=True))
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("numerics", [DEFAULT, Numerics("gemma", 1.0), Numerics("llama", 0.0)],
+                         ids=["none", "gemma", "llama"])
+def test_fused_add_rmsnorm_backward_matches_float64_autograd(loaded, numerics, shape, dtype):
+    """Both outputs' gradients used; "llama" and "gemma" round the sum before the norm."""
+    t = _add_inputs(shape, dtype)
+    got = _pair_grads(
+        lambda x, r, w: add_rms_backward.add_rms_norm_cpp_fused_grad(
+            x, r, w, EPS, 16, numerics.casting, numerics.offset), t, "x,residual,weight", "y,sum")
+    want = _pair_grads(
+        lambda x, r, w: add_rms_norm_float64_with(x, r, w, EPS, numerics, dtype), t,
+        "x,residual,weight", "y,sum", float64=True)
+    _assert_close(got, want, dtype)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_fused_add_layernorm_backward_matches_float64_autograd(loaded, shape, dtype):
+    """Both outputs' gradients used; x has mean 20, so the moments must come from centred sums."""
+    t = _add_inputs(shape, dtype, mean=20.0)
+    names = "x,residual,weight,bias"
+    got = _pair_grads(
+        lambda x, r, w, b: add_ln_backward.add_layer_norm_cpp_fused_grad(x, r, w, b, EPS, 16), t,
+        names, "y,sum")
+    want = _pair_grads(lambda x, r, w, b: add_layer_norm_float64(x, r, w, b, EPS), t, names,
+                       "y,sum", float64=True)
+    _assert_close(got, want, dtype)
+
+
+def _add_rms(x, r, w):
+    return add_rms_backward.add_rms_norm_cpp_fused_grad(x, r, w, EPS, 2)
+
+
+def _add_rms_float64(x, r, w):
+    return add_rms_norm_float64_with(x, r, w, EPS, DEFAULT, torch.float32)
+
+
+def _add_ln(x, r, w, b):
+    return add_ln_backward.add_layer_norm_cpp_fused_grad(x, r, w, b, EPS, 2)
+
+
+def _add_ln_float64(x, r, w, b):
+    return add_layer_norm_float64(x, r, w, b, EPS)
+
+
+_ADD_OPS = {
+    "add_rmsnorm": ("x,residual,weight", _add_rms, _add_rms_float64),
+    "add_layernorm": ("x,residual,weight,bias", _add_ln, _add_ln_float64),
+}
+
+
+@needs_cpp
+@pytest.mark.parametrize("used", ["y", "sum"])
+@pytest.mark.parametrize("op", ["add_rmsnorm", "add_layernorm"])
+def test_fused_add_backward_with_one_output_used(loaded, op, used):
+    """Only y's gradient: the norm's alone. Only residual_out's: dx = dresidual = that gradient
+    exactly, and the weight (and bias) gradients are zero."""
+    t = _add_inputs((5, 70), torch.float32)
+    names, fn, ref = _ADD_OPS[op]
+    got = _pair_grads(fn, t, names, used)
+    _assert_close(got, _pair_grads(ref, t, names, used, float64=True), torch.float32)
+    if used == "sum":
+        assert torch.equal(got[0], t["grad_sum"]) and torch.equal(got[1], t["grad_sum"])
+        assert all(not g.any() for g in got[2:])
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_backward_reads_any_layout(loaded, dtype):
+    """A strided x and expanded (stride-0) upstream gradients give the contiguous result."""
+    t = _add_inputs((40, 130), dtype)
+    wide = torch.zeros(40, 260, dtype=dtype)
+    wide[:, ::2] = t["x"]
+    strided = wide[:, ::2]
+    grad = t["grad"][:1].expand(40, 130)
+    grad_sum = t["grad_sum"][:1].expand(40, 130)
+    rms = torch.ops.fusionlab.add_rms_norm_cpu_backward_fused
+    ln = torch.ops.fusionlab.add_layer_norm_cpu_backward_fused
+    r, w, b = t["residual"], t["weight"], t["bias"]
+    for got, want in [
+        (rms(grad, grad_sum, strided, r, w, EPS, 1.0, True, 4),
+         rms(grad.contiguous(), grad_sum.contiguous(), t["x"], r, w, EPS, 1.0, True, 4)),
+        (ln(grad, grad_sum, strided, r, w, b, EPS, 4),
+         ln(grad.contiguous(), grad_sum.contiguous(), t["x"], r, w, b, EPS, 4)),
+    ]:
+        for g, want_g in zip(got, want, strict=True):
+            assert torch.equal(g, want_g)
+
+
+@needs_cpp
+def test_bad_add_backward_arguments_are_refused(loaded):
+    t = _add_inputs((4, 32), torch.float32)
+    rms = torch.ops.fusionlab.add_rms_norm_cpu_backward_fused
+    x, r, w, g = t["x"], t["residual"], t["weight"], t["grad"]
+    with pytest.raises(RuntimeError, match="must have x's shape"):
+        rms(g, g[:2], x, r, w, EPS, 0.0, False, 4)
+    with pytest.raises(RuntimeError, match="must have x's dtype"):
+        rms(g, None, x, r.double(), w, EPS, 0.0, False, 4)
+    with pytest.raises(RuntimeError, match="rows_per_task"):
+        rms(g, None, x, r, w, EPS, 0.0, False, 0)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        torch.ops.fusionlab.add_layer_norm_cpu_backward_fused(g, None, x, r, w, w[:3], EPS, 4)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_new_add_ops_pass_opcheck(loaded, dtype):
+    t = _add_inputs((3, 5, 100), dtype)
+    ops = torch.ops.fusionlab
+    g, gs, x, r, w, b = (t[k] for k in ("grad", "grad_sum", "x", "residual", "weight", "bias"))
+    for grad_sum in (gs, None):
+        torch.library.opcheck(ops.add_rms_norm_cpu_backward_fused.default,
+                              (g, grad_sum, x, r, w, EPS, 1.0, True, 2))
+        torch.library.opcheck(ops.add_layer_norm_cpu_backward_fused.default,
+                              (g, grad_sum, x, r, w, b, EPS, 2))
+    leaves = [v.clone().requires_grad_() for v in (x, r, w, b)]
+    torch.library.opcheck(ops.add_rms_norm_cpu_fused_grad.default,
+                          (*leaves[:3], EPS, 2, "gemma", 1.0))
+    torch.library.opcheck(ops.add_layer_norm_cpu_fused_grad.default, (*leaves, EPS, 2))
+
+
+@needs_cpp
+def test_a_backward_sweep_of_add_rmsnorm_measures_the_fused_backward(tmp_path):
+    """A real quick sweep of the backward pass decides its cell with both backwards measured and
+    every record through the gradient gate."""
+    storage = f"sqlite:///{tmp_path / 'add.db'}"
+    done = run_cli("sweep", "add_rmsnorm", "--pass", "backward", "--variants", "cpp",
+                   "--shapes", "64x256", "--dtypes", "float32", "--quick", "--no-screen",
+                   "--storage", storage, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (cell,) = load_cells(open_storage(storage, must_exist=True, read_only=True), "add_rmsnorm")
+    assert cell.cell.pass_name == "backward" and cell.verdicts, cell.cell.label
+    assert all(record.passed for record in cell.records), [
+        (r.params, r.message) for r in cell.records if not r.passed]
+    assert {r.params.get("backward") for r in cell.records} == {"torch-ops", "fused"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fusionlab.kernels.add_rmsnorm import cpu_cpp, nki_kernel, triton_kernel
+from fusionlab.kernels.add_rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
@@ -17,13 +17,23 @@ from fusionlab.registry import Kernel, register_variant
     "cpp",
     devices=("cpu",),
     tunables=cpu_cpp.TUNABLES,
+    backward_tunables={"backward": cpu_backward.BACKWARD_CHOICES},
     available=lambda device_type: cpu_cpp.unavailable_reason(),
-    check_params=lambda shape, params, device_type: cpu_cpp.param_error(shape, **params),
+    check_params=lambda shape, params, device_type: cpu_cpp.param_error(
+        shape, **{k: v for k, v in params.items() if k != "backward"}
+    ),
     autograd=True,
     numerics=CASTING_MODES,
 )
-def cpp(device_type: str, numerics: Numerics = DEFAULT, **params: Any) -> Kernel:
-    """C++ kernel (torch.utils.cpp_extension): fp32 sum of squares, then both results written."""
+def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-ops",
+        **params: Any) -> Kernel:
+    """C++ kernel (torch.utils.cpp_extension): fp32 sum of squares, then both results written;
+    its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel."""
+    cpu_backward.check_backward(backward)
+    if backward == "fused":
+        cpu_backward.load_extension()
+        return functools.partial(cpu_backward.add_rms_norm_cpp_fused_grad,
+                                 casting=numerics.casting, offset=numerics.offset, **params)
     cpu_cpp.load_extension()
     if numerics == DEFAULT:
         return functools.partial(cpu_cpp.add_rms_norm_cpp, **params)

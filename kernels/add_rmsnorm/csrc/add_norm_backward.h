@@ -1,0 +1,45 @@
+// What the fused backward kernels of add_rmsnorm and add_layernorm share: their argument checks
+// and their inputs as contiguous rows. Both take the upstream gradients of the two outputs,
+// y = norm(s) and residual_out = s with s = x + residual; their dx is also d(residual).
+#pragma once
+
+#include "cpu_norm_common.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace fusionlab_cpu {
+
+// The backward's row-major inputs: a non-contiguous layout is copied once.
+struct AddBackwardInputs {
+  at::Tensor grad_y, grad_sum, x, residual;
+  int64_t rows, hidden;
+};
+
+inline AddBackwardInputs add_backward_inputs(const char* op, const at::Tensor& grad_y,
+                                             const at::Tensor& grad_sum, const at::Tensor& x,
+                                             const at::Tensor& residual, const at::Tensor& weight,
+                                             int64_t rows_per_task) {
+  for (const at::Tensor* t : {&grad_y, &grad_sum, &x, &residual, &weight}) {
+    TORCH_CHECK(t->device().is_cpu(), op, ": tensors must be on the CPU, got ", t->device());
+  }
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dim");
+  for (const at::Tensor* t : {&grad_y, &grad_sum, &residual}) {
+    TORCH_CHECK(t->sizes() == x.sizes(), op, ": grad_y, grad_residual_out and residual must have ",
+                "x's shape ", x.sizes(), ", got ", t->sizes());
+    TORCH_CHECK(t->scalar_type() == x.scalar_type(), op, ": grad_y, grad_residual_out and ",
+                "residual must have x's dtype ", x.scalar_type(), ", got ", t->scalar_type());
+  }
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1), op,
+              ": weight must be 1-D of size x.size(-1), got ", weight.sizes());
+  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()), op,
+              ": dtypes must be float32, bfloat16 or float16, got x ", x.scalar_type(),
+              " and weight ", weight.scalar_type());
+  TORCH_CHECK(rows_per_task >= 1, op, ": rows_per_task must be >= 1, got ", rows_per_task);
+  const int64_t hidden = x.size(-1);
+  return {grad_y.contiguous(), grad_sum.contiguous(), x.contiguous(), residual.contiguous(),
+          hidden == 0 ? 0 : x.numel() / hidden, hidden};
+}
+
+}  // namespace fusionlab_cpu
