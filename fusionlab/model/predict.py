@@ -19,7 +19,7 @@ from torch import nn
 from fusionlab.shapes import DTYPES
 
 if TYPE_CHECKING:
-    from fusionlab.model.patch import PatchHandle
+    from fusionlab.model.patch_handle import PatchedModel
 
 _SAMPLE_S = 0.002  # wall time of one sample: enough calls that the clock's cost vanishes
 
@@ -37,7 +37,7 @@ class CallTiming:
     saving_us: float  # median of the paired per-round differences (own - patched)
 
 
-def time_calls(handle: PatchHandle, step: str, rounds: int = 15,
+def time_calls(handle: PatchedModel, step: str, rounds: int = 15,
                train: bool = False) -> list[CallTiming]:
     """Time every group of the step's captured module calls, unpatched and patched, in `rounds`
     paired rounds (the order alternates each round), forward only or with `train` forward and
@@ -65,7 +65,7 @@ def time_calls(handle: PatchHandle, step: str, rounds: int = 15,
     ]
 
 
-def _groups(handle: PatchHandle, step: str
+def _groups(handle: PatchedModel, step: str
             ) -> dict[tuple[str, str, str], tuple[nn.Module, torch.Tensor, int]]:
     """(class, key, variant) -> one of its modules, an input at the key, and the step's calls."""
     variants = {(row.path, row.key): row.variant for row in handle.rows}
