@@ -38,7 +38,7 @@ COPIED = ("fusionlab", "kernels", "search", "tests", ".ci", "setup.py", "pyproje
 
 # target -> (the module mutated, its own test files)
 TARGETS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "verdict": ("fusionlab/report/verdict.py", ("tests/test_verdict.py",)),
+    "verdict": ("fusionlab/verdict.py", ("tests/test_verdict.py",)),
     "claims": ("search/claims.py", ("tests/test_claims.py",)),
     "correctness": (
         "fusionlab/measure/correctness.py",

@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 
-from fusionlab.report.verdict import Contender, decide
+from fusionlab.verdict import Contender, decide
 
 ROUNDS, SAMPLES, SAMPLE_MS = 5, 20, 1.0
 

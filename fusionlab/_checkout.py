@@ -4,13 +4,15 @@ They are folders without __init__.py, so a checkout's root on sys.path never hid
 package of that name (Hugging Face's `kernels`). A wheel installs them inside the fusionlab
 package; in a checkout (an editable install) they sit beside it, so the checkout's root is
 searched for fusionlab's sub-packages too.
+
+fusionlab/__init__.py imports this module first; the package it extends is read from
+`sys.modules` (it is being initialised), so the bottom floor imports nothing above it.
 """
 
+import sys
 from pathlib import Path
 
-import fusionlab
-
-_PACKAGE = Path(fusionlab.__path__[0])
+_PACKAGE = Path(__file__).parent
 _CHECKOUT = _PACKAGE.resolve().parent
 if not (_PACKAGE / "kernels").is_dir() and (_CHECKOUT / "kernels").is_dir():
-    fusionlab.__path__.append(str(_CHECKOUT))
+    sys.modules[__package__].__path__.append(str(_CHECKOUT))

@@ -47,7 +47,7 @@ _HELD_OUTPUTS = 8
 
 @dataclass(frozen=True)
 class Confirm:
-    """How a cell's contenders are re-measured after the search (see report/verdict.py): in
+    """How a cell's contenders are re-measured after the search (see verdict.py): in
     interleaved rounds until the cell is decided or its budget is spent (measure/rounds.py)."""
 
     min_rounds: int = 5

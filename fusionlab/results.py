@@ -1,6 +1,6 @@
 """What a sweep concluded, in the result schema (schema.py): each cell's verdicts, the cell with
 its records, and the winners file's rows. The runner writes these; tables, exports, the report
-and the Dispatcher read them; none of them is computed here (report/verdict.py decides)."""
+and the Dispatcher read them; none of them is computed here (verdict.py decides)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from fusionlab.schema import (
 
 
 class Decision(str, Enum):
-    """How sure a cell's winner is: a verdict's outcome (see report/verdict.py), or how a row
+    """How sure a cell's winner is: a verdict's outcome (see verdict.py), or how a row
     was ranked without one."""
 
     FASTER = "faster"

@@ -2,7 +2,7 @@
 
 Winners come from an Optuna storage or from a winners file written by `fusionlab export
 --format json` (results.WinnersFile), which needs no database; the decision is the tables'
-(report/winners.py)."""
+(winners.py)."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from fusionlab.op import key_of_first_input
 from fusionlab.plan import installed_toolchain
 from fusionlab.records import RANK_MODES
 from fusionlab.registry import Kernel, get_op, get_variant
-from fusionlab.report.winners import cell_winner, writes_inputs
 from fusionlab.results import Decision, WinnersFile
 from fusionlab.schema import user_facing
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import DEFAULT_STORAGE, open_storage
 from fusionlab.shapes import DTYPES, parse_shape
 from fusionlab.toolchain import describe_difference
+from fusionlab.winners import cell_winner, writes_inputs
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,12 @@ from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
 from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import get_op
-from fusionlab.report.verdict import Contender, decide, implausible, paired_ratio
-from fusionlab.report.winners import first_use_by_variant
 from fusionlab.results import OUTCOMES, CellResult
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
 from fusionlab.search.space import CellSpace, make_config
+from fusionlab.verdict import Contender, decide, implausible, paired_ratio
+from fusionlab.winners import first_use_by_variant
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -25,8 +25,8 @@ from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_variant
-from fusionlab.report.winners import cell_winner
 from fusionlab.toolchain import _source_files
+from fusionlab.winners import cell_winner
 
 _UNAVAILABLE = cpu_cpp.unavailable_reason()
 needs_cpp = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")

@@ -22,10 +22,10 @@ from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_op, load_plugin
 from fusionlab.report.tables import best_rows
-from fusionlab.report.winners import footprint_mb
 from fusionlab.results import Decision
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
+from fusionlab.winners import footprint_mb
 
 load_plugin(str(PLUGINS / "grad_cheats.py"))
 CHEATS = next(

@@ -14,7 +14,7 @@ from conftest import PLUGINS, run_cli
 from fusionlab.api import stored_cells
 from fusionlab.records import Status
 from fusionlab.report.tables import best_rows, display_rows
-from fusionlab.report.winners import cell_winner
+from fusionlab.winners import cell_winner
 
 PLUGIN = str(PLUGINS / "misbehaving.py")
 # The timeout ends the hanging variant; honest trials must fit in it with room to spare: on this

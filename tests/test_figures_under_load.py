@@ -17,8 +17,8 @@ from conftest import cpu_cell, run_cli
 from fusionlab.records import Status, Timing, TrialRecord
 from fusionlab.report import export
 from fusionlab.report.tables import ROUND_FIGURES, SEARCH_FIGURES, best_row, display_rows
-from fusionlab.report.verdict import implausible
 from fusionlab.results import CellResult, Decision, Verdict, WinnersFile, classify
+from fusionlab.verdict import implausible
 
 
 def _timing(latency_ms: float, spread: float) -> Timing:

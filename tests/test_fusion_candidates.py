@@ -15,8 +15,8 @@ from torch import nn
 from transformers import GPT2Config, LlamaConfig, Qwen3Config
 
 from fusionlab.cli import main
+from fusionlab.commands.capture import print_candidates
 from fusionlab.model.capture import Capture, capture
-from fusionlab.model.commands import _print_candidates
 from fusionlab.model.models import causal_lm_steps, random_causal_lm
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
@@ -120,7 +120,7 @@ def test_a_model_dynamo_cannot_trace_keeps_its_norm_calls_and_says_so(
     assert found.candidates == [] and found.untraced == ["norm"]
     assert found.trace_problem.startswith("dynamo could not trace the forward step whole (")
     assert "\n" not in found.trace_problem
-    _print_candidates(found)
+    print_candidates(found)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not found for 1 norm(s) (norm)" in err[0]
 

@@ -16,7 +16,7 @@ from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
 from fusionlab.registry import get_op, load_plugin
-from fusionlab.report.winners import cell_winner
+from fusionlab.winners import cell_winner
 
 ROUND3 = str(PLUGINS / "gaming_round3.py")
 HONEST_PLUGIN = str(PLUGINS / "gaming_honest.py")

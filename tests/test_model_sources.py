@@ -13,8 +13,8 @@ from conftest import PLUGINS
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from fusionlab.cli import main
+from fusionlab.commands.model_recipe import model_from_recipe
 from fusionlab.model.capture import Capture
-from fusionlab.model.commands import _model_from_recipe
 
 CONFIG = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 64}
@@ -61,7 +61,7 @@ def test_a_folder_with_weights_is_captured_with_those_weights(saved, tmp_path, m
     assert {(c.step, c.module_class, c.shape, c.eps) for c in found.calls} == {
         ("prefill", "LlamaRMSNorm", (1, 4, 32), 1e-5), ("decode", "LlamaRMSNorm", (1, 1, 32), 1e-5)
     }
-    rebuilt, steps = _model_from_recipe(found.recipe)
+    rebuilt, steps = model_from_recipe(found.recipe)
     saved_state = model.state_dict()
     assert rebuilt.state_dict().keys() == saved_state.keys()
     assert all(torch.equal(t, saved_state[name]) for name, t in rebuilt.state_dict().items())
@@ -84,7 +84,7 @@ def test_a_config_only_folder_gets_random_weights_and_typed_overrides(saved, tmp
                       tmp_path, monkeypatch, capsys)
     assert found.recipe["config"] == {"rms_norm_eps": 1e-4, "tie_word_embeddings": False}
     assert {c.eps for c in found.calls} == {1e-4}
-    rebuilt, _ = _model_from_recipe(found.recipe)
+    rebuilt, _ = model_from_recipe(found.recipe)
     assert rebuilt.lm_head.weight is not rebuilt.model.embed_tokens.weight
     weight = rebuilt.model.embed_tokens.weight
     assert weight.shape == model.model.embed_tokens.weight.shape

@@ -13,7 +13,7 @@ from conftest import PLUGINS, run_cli
 
 from fusionlab import capture, causal_lm_steps, sweep, tiny_model
 from fusionlab.cli import main
-from fusionlab.model.peak_memory import memory_use
+from fusionlab.measure.peak_memory import memory_use
 from fusionlab.report import export
 from fusionlab.report.tables import best_rows
 from fusionlab.results import WinnersFile

@@ -9,7 +9,7 @@ from conftest import PLUGINS, run_cli
 from fusionlab import Dispatcher, sweep
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.registry import get_op, get_variant, load_plugin
-from fusionlab.report.winners import cell_winner
+from fusionlab.winners import cell_winner
 
 FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 

@@ -21,11 +21,11 @@ from fusionlab.errors import UserError
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status, TrialRecord
-from fusionlab.report.verdict import Contender, decide
 from fusionlab.results import Decision, OutOfPlace, Verdict, WinnersFile
 from fusionlab.schema import SCHEMA_VERSION, SchemaError
 from fusionlab.search import results_store as store
 from fusionlab.search.storage import open_storage
+from fusionlab.verdict import Contender, decide
 
 FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 NEWER = SCHEMA_VERSION + 1

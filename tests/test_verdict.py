@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from fusionlab.report.verdict import THRESHOLD, Contender, break_even_calls, decide
 from fusionlab.results import Verdict, classify
+from fusionlab.verdict import THRESHOLD, Contender, break_even_calls, decide
 
 ROUNDS, SAMPLES = 5, 20
 

@@ -7,8 +7,8 @@ from conftest import cpu_cell
 
 from fusionlab.records import Status, Timing, TrialRecord
 from fusionlab.report.tables import best_row, display_rows
-from fusionlab.report.winners import break_even, cell_winner
 from fusionlab.results import CellResult, Decision, OutOfPlace, Verdict
+from fusionlab.winners import break_even, cell_winner
 
 
 def _record(variant: str, latency_ms: float, first_use_ms: float, op: str = "rmsnorm"):

@@ -4,7 +4,7 @@ and the peak of each pass.
 Saved bytes are counted with torch.autograd.graph.saved_tensors_hooks: every tensor the
 forward saves for backward passes through the pack hook, and the distinct storages among them
 are summed (an input saved as is counts: the backward keeps it alive). Peaks are read by
-fusionlab/model/peak_memory.py (the CPU profiler's allocation events; CUDA's allocator
+fusionlab/measure/peak_memory.py (the CPU profiler's allocation events; CUDA's allocator
 statistics): the most bytes live beyond those live when the pass began."""
 
 from __future__ import annotations
@@ -12,15 +12,13 @@ from __future__ import annotations
 import torch
 
 from fusionlab.measure.passes import PassCall
+from fusionlab.measure.peak_memory import memory_use
 from fusionlab.op import Inputs
 from fusionlab.records import PassMemory
 
 
 def pass_memory(call: PassCall, inputs: Inputs, device: torch.device) -> PassMemory:
     """One untimed forward and backward of `call`'s variant on `inputs` (the pass op's)."""
-    # Imported here: fusionlab.model's package imports the runtime, which imports the plan.
-    from fusionlab.model.peak_memory import memory_use
-
     count = call.forward_inputs
     forward, upstream = tuple(inputs[:count]), tuple(inputs[count:])
     storages: dict[int, int] = {}

@@ -2,7 +2,7 @@
 
 Every round times every contender once, in an order rotated by the round, with the same gated
 timing loop as a trial, and watches what else ran meanwhile (measure/disturbance.py). Rounds go
-on while the cell is `inconclusive` (report/verdict.py) and its time budget lasts (`StopRule`).
+on while the cell is `inconclusive` (verdict.py) and its time budget lasts (`StopRule`).
 Runs in the worker process."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from fusionlab.measure.inputs import WARM_SETS
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import Measured, build_and_gate, describe, timed_and_checked
 from fusionlab.records import Status, Timing
-from fusionlab.report.verdict import THRESHOLD, Contender, outcomes
+from fusionlab.verdict import THRESHOLD, Contender, outcomes
 
 Rounds = Sequence[Sequence[float]]
 

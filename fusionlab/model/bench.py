@@ -19,7 +19,7 @@ from fusionlab.model.predict import CallTiming, time_in_situ
 from fusionlab.plausible import marked, ratio_problem, saving_problem, share_problem
 
 if TYPE_CHECKING:
-    from fusionlab.model.patch import PatchHandle
+    from fusionlab.model.patch_handle import PatchedModel
 
 _RESAMPLES = 2000
 
@@ -71,7 +71,7 @@ class StepResult:
         return {figure: problem for figure, problem in found.items() if problem}
 
 
-def benchmark(handle: PatchHandle, steps: list[Step], runs: int = 30) -> list[StepResult]:
+def benchmark(handle: PatchedModel, steps: list[Step], runs: int = 30) -> list[StepResult]:
     """Per step: the norms' calls timed both ways inside the running step (the prediction), then
     alternating unpatched and patched runs of the whole step (same threads, same inputs; the
     order flips every run, so neither way always runs right after the other)."""
@@ -130,7 +130,7 @@ def paired_ratio(before: list[float], after: list[float], seed: int = 0) -> tupl
     return point, ratios[int(0.025 * _RESAMPLES)], ratios[int(0.975 * _RESAMPLES) - 1]
 
 
-def render(results: list[StepResult], handle: PatchHandle) -> str:
+def render(results: list[StepResult], handle: PatchedModel) -> str:
     """The side-by-side table a user reads before and after patching; an implausible figure is
     marked and explained below the table."""
     table, notes = [], []

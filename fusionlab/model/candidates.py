@@ -18,7 +18,7 @@ from fusionlab.registry import op_names
 from fusionlab.shapes import format_shape
 
 if TYPE_CHECKING:
-    from fusionlab.model.capture import NormCall
+    from fusionlab.model.norm_call import NormCall
 
 _ADDS = {"add", "iadd", "add_", "__add__", "__iadd__"}
 _MULS = {"mul", "imul", "mul_", "__mul__", "__imul__"}

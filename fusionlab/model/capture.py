@@ -23,6 +23,7 @@ from fusionlab.errors import UserError
 from fusionlab.measure.stats import summarise
 from fusionlab.model.candidates import FusionCandidate, find_candidates
 from fusionlab.model.models import Step, module_steps
+from fusionlab.model.norm_call import NormCall
 from fusionlab.model.norms import SkippedNorm, inspect_norm, norm_op, unrecognised_norms
 from fusionlab.registry import op_names
 from fusionlab.shapes import DTYPES, format_shape, parse_shape
@@ -38,29 +39,6 @@ _FUNCTIONS: dict[Callable[..., Any], str] = {
     F.rms_norm: "rmsnorm",
     torch.rms_norm: "rmsnorm",
 }
-
-
-@dataclass(frozen=True)
-class NormCall:
-    """Calls of one norm at one key in one step: where, what, how it rounds, and its time."""
-
-    path: str  # the module's path in the model ("" for the root)
-    module_class: str
-    source: str  # "module" (replaceable) or "function" (a functional call inside `path`)
-    op: str
-    step: str
-    shape: tuple[int, ...]
-    dtype: str
-    device: str
-    eps: float
-    casting: str
-    offset: float
-    calls: int  # per step
-    call_us: float = 0.0  # median time of one call, timed on its own
-
-    @property
-    def key(self) -> str:
-        return f"{format_shape(self.shape)} {self.dtype}"
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ from typing import Any
 import torch
 
 from fusionlab.model import patched_op
-from fusionlab.model.patch import (
+from fusionlab.model.patched_module import (
     PatchRow,
-    _check_numerics_exist,
-    _must_be_exact,
-    _numerics_text,
-    _params_text,
-    _probe,
     build_kernel,
+    check_numerics_exist,
+    must_be_exact,
+    numerics_text,
+    params_text,
+    probe_rows,
     supports,
 )
 from fusionlab.registry import Kernel, get_op, variants_of
@@ -109,16 +109,16 @@ class FusedAddNorm:
             choice = self.dispatcher.choose(tuple(x.shape), x.dtype, x.device.type)
         if choice.match == "fallback":
             return None, self._row(key, "(not fused)", "fallback", choice.reason)
-        _check_numerics_exist(self, dtype)
+        check_numerics_exist(self, dtype)
         refused: list[str] = []
         for name, params in ((choice.variant, choice.params), *choice.alternatives):
             kernel, problem = self._candidate(name, params, x, residual)
             if kernel is not None:
                 why = "; ".join(refused + ([choice.reason] if choice.reason else []))
-                numerics = "bit-exact" if _must_be_exact(x.dtype) else "within tolerance"
-                return kernel, self._row(key, name + _params_text(params), choice.match, why,
+                numerics = "bit-exact" if must_be_exact(x.dtype) else "within tolerance"
+                return kernel, self._row(key, name + params_text(params), choice.match, why,
                                          numerics, choice.pass_name)
-            refused.append(f"{name}{_params_text(params)} {problem}")
+            refused.append(f"{name}{params_text(params)} {problem}")
         return None, self._row(key, "(not fused)", "fallback",
                                "numerics differ: " + "; ".join(refused))
 
@@ -133,7 +133,7 @@ class FusedAddNorm:
         if variant is None:
             return None, "is not registered in this process"
         if not supports(variant, dtype, self.casting, self.offset):
-            return None, f"does not compute {_numerics_text(self)} in {dtype}"
+            return None, f"does not compute {numerics_text(self)} in {dtype}"
         if variant.inplace:
             return None, "writes its inputs in place"
         if self.mode == "training" and not variant.autograd:
@@ -144,10 +144,10 @@ class FusedAddNorm:
                                                self.offset)
         kernel = self.kernels[built]
         problem = self._disagreement(kernel, x, residual)
-        if not problem and _must_be_exact(x.dtype):
+        if not problem and must_be_exact(x.dtype):
             probe = (*built, x.dtype)
             if probe not in self.probed:
-                rows = _probe(x)
+                rows = probe_rows(x)
                 self.probed[probe] = self._disagreement(kernel, rows, 2 * rows.flip(0))
             problem = self.probed[probe]
         return (None, f"disagrees with the add + norm: {problem}") if problem else (kernel, "")
@@ -167,7 +167,7 @@ class FusedAddNorm:
                 return f"wrong {name} shape"
             if have.dtype != want.dtype:
                 return f"its {name} is {have.dtype}, the norm's {want.dtype}"
-            if _must_be_exact(x.dtype):
+            if must_be_exact(x.dtype):
                 differ = int((have != want).sum().item())
                 if differ:
                     return f"{differ} of {have.numel()} {name} elements round otherwise"

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from fusionlab.errors import UserError
-from fusionlab.model.capture import NormCall
+from fusionlab.model.norm_call import NormCall
 from fusionlab.model.norms import (
     SkippedNorm,
     inspect_norm,
@@ -26,7 +26,8 @@ from fusionlab.model.norms import (
     norm_op,
     unrecognised_norms,
 )
-from fusionlab.model.patch import PatchedModule, resolver
+from fusionlab.model.patch import resolver
+from fusionlab.model.patched_module import PatchedModule
 from fusionlab.runtime import Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
 from fusionlab.shapes import DTYPES

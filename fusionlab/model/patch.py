@@ -8,19 +8,18 @@ torch.compile the forward is one opaque op call (fusionlab/model/patched_op.py).
 
 from __future__ import annotations
 
-import types
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-from tabulate import tabulate
 from torch import nn
 
 from fusionlab.errors import UserError
-from fusionlab.model import patched_op
-from fusionlab.model.capture import Capture, NormCall
+from fusionlab.model.bench import benchmark
+from fusionlab.model.capture import Capture
+from fusionlab.model.fuse import FusedLayer, fuse_layers
+from fusionlab.model.norm_call import NormCall
 from fusionlab.model.norms import (
     SkippedNorm,
     inspect_norm,
@@ -28,14 +27,23 @@ from fusionlab.model.norms import (
     norm_op,
     why_not_recognised,
 )
-from fusionlab.numerics import DEFAULT, Numerics
-from fusionlab.registry import Kernel, Variant, get_op, get_variant, variants_of
+from fusionlab.model.patch_handle import PatchedModel
+from fusionlab.model.patched_module import (
+    PatchedModule,
+    PatchRow,
+    build_kernel,
+    check_numerics_exist,
+    must_be_exact,
+    numerics_text,
+    params_text,
+    probe_rows,
+    supports,
+)
+from fusionlab.model.train_bench import benchmark_training
+from fusionlab.registry import Kernel, get_op, get_variant, variants_of
 from fusionlab.runtime import Choice, Dispatcher
 from fusionlab.search.storage import DEFAULT_STORAGE
 from fusionlab.shapes import DTYPES, dtype_name, format_shape
-
-if TYPE_CHECKING:
-    from fusionlab.model.fuse import FusedLayer
 
 MODES = ("inference", "training")
 _FUSION_NOTE = (
@@ -44,195 +52,17 @@ _FUSION_NOTE = (
 )
 
 
-@dataclass(frozen=True)
-class PatchRow:
-    """What one module got at one key, and why."""
-
-    path: str
-    op: str
-    key: str
-    variant: str  # "(module's own)" when it keeps its forward
-    match: str  # exact | nearest | fallback
-    why: str = ""
-    numerics: str = ""  # how the kernel's output compares with the module's own
-    pass_name: str = ""  # the sweep pass whose cell chose the variant ("" when none did)
-
-
-def supports(variant: Variant, dtype: str, casting: str, offset: float) -> bool:
-    """Whether a variant computes a module's numerics: it declares them, or the module is float32
-    without an offset (every casting mode then rounds alike)."""
-    return variant.supports(Numerics(casting, offset)) or (dtype == "float32" and not offset)
-
-
-def build_kernel(variant: Variant, device_type: str, params: dict[str, Any], casting: str,
-                 offset: float) -> Kernel:
-    """The variant's kernel, told the module's numerics when it computes them; else (float32, no
-    offset: see `supports`) the kernel the sweep timed."""
-    numerics = Numerics(casting, offset)
-    if numerics == DEFAULT or not variant.supports(numerics):
-        return variant.factory(device_type, **params)
-    return variant.factory(device_type, numerics=numerics, **params)
-
-
-class PatchedModule:
-    """One captured module: how to call an op kernel with its parameters, and its dispatch table."""
-
-    def __init__(self, path: str, module: nn.Module, call: NormCall,
-                 original: Callable[..., object] | None = None) -> None:
-        self.path, self.module, self.op = path, module, call.op
-        self.eps, self.casting, self.offset = call.eps, call.casting, call.offset
-        self.original = original or module.forward
-        # (shape, dtype) -> the bound kernel call, or None to keep the module's own forward
-        self.table: dict[tuple[torch.Size, torch.dtype], Callable[..., object] | None] = {}
-        names = get_op(call.op).inputs
-        known = {"x", "weight", "bias", "eps"}
-        if set(names) - known:
-            raise UserError(f"{path}: op {call.op} takes {names}; only norms of x can be patched")
-        self.names = names
-        self.resolver: Callable[[torch.Tensor], tuple[Kernel | None, PatchRow]] | None = None
-        self.late_rows: list[PatchRow] = []  # keys first seen after patching
-        # (variant, params, numerics, device type) -> the built kernel
-        self.kernels: dict[tuple[object, ...], Kernel] = {}
-        # (variant, params, dtype) -> "" when it rounds like the module on the probe, else why not
-        self.probed: dict[tuple[object, ...], str] = {}
-        self.slot = patched_op.register(self)
-
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        """The patched call: the key's kernel, resolved and checked on first use of the key."""
-        call = self.table.get((x.shape, x.dtype), False)
-        if call is False:  # a key not seen at patch time: resolve and check it once
-            call = _resolve_late(self, x)
-        if call is None:
-            return self.original(x)
-        return call(x)
-
-    def args(self, x: torch.Tensor) -> tuple[object, ...]:
-        values = {"x": x, "weight": self.module.weight, "bias": self.bias(), "eps": self.eps}
-        return tuple(values[name] for name in self.names)
-
-    def bias(self) -> torch.Tensor:
-        """The module's bias, or zeros for a norm without one (adding zero changes no bit)."""
-        bias = getattr(self.module, "bias", None)
-        return bias if isinstance(bias, torch.Tensor) else torch.zeros_like(self.module.weight)
-
-    def caller(self, kernel: Kernel) -> Callable[[torch.Tensor], object]:
-        """kernel(x, parameters..., eps) with the parameters bound: the per-call path."""
-        weight, eps = self.module.weight, self.eps
-        if self.names == ("x", "weight", "eps"):
-            return lambda x: kernel(x, weight, eps)
-        if self.names == ("x", "weight", "bias", "eps"):
-            bias = self.bias()
-            return lambda x: kernel(x, weight, bias, eps)
-        return lambda x: kernel(*self.args(x))
-
-
-class PatchHandle:
+class PatchHandle(PatchedModel):
     """The patched model: `.report()`, `.undo()`, `.benchmark(...)`."""
-
-    def __init__(self, model: nn.Module, modules: list[PatchedModule], rows: list[PatchRow],
-                 fused: list[str], capture: Capture, winners_source: dict[str, Any],
-                 skipped: list[SkippedNorm] | None = None, mode: str = "inference",
-                 layers: list[FusedLayer] | None = None) -> None:
-        self.model, self.modules, self.rows, self.fused = model, modules, rows, fused
-        self.layers = layers or []  # decoder layers whose add + norm run fused (fuse=True)
-        self.mode = mode  # "training": every chosen kernel has a backward
-        self.skipped = skipped or []  # modules that look like norms and keep their own forward
-        self.capture, self.winners_source = capture, winners_source
-        self._saved = {m.path: m.module.__dict__.get("forward") for m in modules}
-        self._forwards = {m.path: _patched_forward(m) for m in modules}
-        self.redo()
-
-    def report(self) -> str:
-        """Module (or fused layer), key, chosen variant, exact/nearest/fallback, numerics and
-        why (keys resolved after patching included); then the modules that look like norms and
-        were not patched, with why; then which layers' adds were fused and which not."""
-        rows = self.all_rows()
-        headers = ["module", "op", "key", "variant", "match", "numerics", "why"]
-        cells = [[r.path, r.op, r.key, r.variant, r.match, r.numerics, r.why] for r in rows]
-        if self.mode == "training":  # which pass's sweep chose each module's kernel
-            headers.insert(4, "from pass")
-            for cell, row in zip(cells, rows, strict=True):
-                cell.insert(4, row.pass_name or "-")
-        table = tabulate(cells, headers=headers, tablefmt="simple")
-        skipped = [f"not patched: {s.path or 'the root'} ({s.module_class}): {s.why}"
-                   for s in self.skipped]
-        return "\n".join([table, *skipped, *self.fused])
-
-    def all_rows(self) -> list[PatchRow]:
-        """The keys resolved at patch time, then those each module (and fused layer) resolved
-        on first use."""
-        return (self.rows + [r for m in self.modules for r in m.late_rows]
-                + [r for layer in self.layers for r in layer.add_norm.rows])
-
-    def fused_calls(self) -> int:
-        """How many fused add + norm kernel calls have run (a layer's own add and norm, where it
-        keeps them, not counted)."""
-        return sum(layer.add_norm.calls for layer in self.layers)
-
-    def undo(self) -> None:
-        """Give every module and layer its own forward back."""
-        for layer in self.layers:
-            layer.undo()
-        for entry in self.modules:
-            saved = self._saved[entry.path]
-            if saved is None:
-                entry.module.__dict__.pop("forward", None)
-            else:
-                entry.module.forward = saved
-
-    def redo(self) -> None:
-        """Patch again after `undo` (the choices stay resolved)."""
-        for entry in self.modules:
-            entry.module.forward = self._forwards[entry.path]
-        for layer in self.layers:
-            layer.patch()
 
     def benchmark(self, steps: list[Any], runs: int = 30) -> Any:
         """Time the model patched and unpatched alternately (see fusionlab.model.bench)."""
-        from fusionlab.model.bench import benchmark
-
         return benchmark(self, steps, runs)
 
     def benchmark_training(self, tokens: list[int], runs: int = 20, seed: int = 0) -> Any:
         """Time training steps patched against an unpatched copy, compare their gradients and
         peak memory (see fusionlab.model.train_bench)."""
-        from fusionlab.model.train_bench import benchmark_training
-
         return benchmark_training(self, tokens, runs, seed)
-
-
-def _patched_forward(entry: PatchedModule) -> Callable[..., object]:
-    """Eager: the table lookup. Traced by torch.compile: one opaque op whose real kernel does the
-    lookup at run time, so no shape is specialised on and nothing of the resolution is traced;
-    where gradients are wanted the lookup itself is traced, as in eager."""
-    run, slot = entry.run, entry.slot
-    parameters = list(entry.module.parameters(recurse=False))
-    patched_norm = torch.ops.fusionlab.patched_norm
-
-    def forward(self: nn.Module, x: torch.Tensor) -> object:
-        if torch.compiler.is_compiling() and not _wants_grad(x, parameters):
-            return patched_norm(x, slot)
-        return run(x)
-
-    return types.MethodType(forward, entry.module)
-
-
-def _wants_grad(x: torch.Tensor, parameters: list[nn.Parameter]) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    return x.requires_grad or any(p.requires_grad for p in parameters)
-
-
-def _resolve_late(entry: PatchedModule, x: torch.Tensor) -> Callable[..., object] | None:
-    assert entry.resolver is not None
-    kernel, row = entry.resolver(x)
-    if row.match == "fallback":
-        warnings.warn(f"fusionlab: {row.path} at {row.key} keeps its own forward: {row.why}",
-                      stacklevel=3)
-    call = None if kernel is None else entry.caller(kernel)
-    entry.table[(x.shape, x.dtype)] = call
-    entry.late_rows.append(row)
-    return call
 
 
 def patch(
@@ -261,7 +91,6 @@ def patch(
 
 def _fused_layers(model: nn.Module, storage: str | None, winners: str | dict[str, str] | None,
                   mode: str, rank_by: str) -> tuple[list[FusedLayer], list[str]]:
-    from fusionlab.model.fuse import fuse_layers
 
     return fuse_layers(model, lambda op: _dispatcher(op, storage, winners, rank_by, mode), mode)
 
@@ -416,7 +245,7 @@ def resolver(entry: PatchedModule, dispatcher: Dispatcher,
 
         if choice.match == "fallback":
             return keep(choice.reason or "no winner for this key")
-        _check_numerics_exist(entry, dtype)
+        check_numerics_exist(entry, dtype)
         if mode == "training" and not get_variant(entry.op, choice.variant).autograd:
             raise UserError(
                 f"patch(mode='training'): {entry.op} winner {choice.variant} for {entry.path} "
@@ -427,27 +256,12 @@ def resolver(entry: PatchedModule, dispatcher: Dispatcher,
             kernel, problem = _candidate(entry, name, params, x, mode)
             if kernel is not None:
                 why = "; ".join(refused + ([choice.reason] if choice.reason else []))
-                numerics = "bit-exact" if _must_be_exact(x.dtype) else "within tolerance"
+                numerics = "bit-exact" if must_be_exact(x.dtype) else "within tolerance"
                 return kernel, _row(entry, key, choice, name, params, why, numerics)
-            refused.append(f"{name}{_params_text(params)} {problem}")
+            refused.append(f"{name}{params_text(params)} {problem}")
         return keep("; ".join(refused))
 
     return resolve
-
-
-def _check_numerics_exist(entry: PatchedModule, dtype: str) -> None:
-    """Refuse a module whose numerics no variant of its op computes, in one line."""
-    if not any(supports(v, dtype, entry.casting, entry.offset)
-               for v in variants_of(entry.op).values()):
-        raise UserError(
-            f"{entry.path}: no {entry.op} variant computes its numerics ({_numerics_text(entry)}, "
-            f"{dtype}); leave {entry.op} out (ops=...) or add a variant that does"
-        )
-
-
-def _numerics_text(entry: PatchedModule) -> str:
-    offset = f", weight offset {entry.offset:g}" if entry.offset else ""
-    return f"{entry.casting} casting{offset}"
 
 
 def _candidate(entry: PatchedModule, name: str, params: dict[str, Any], x: torch.Tensor,
@@ -459,7 +273,7 @@ def _candidate(entry: PatchedModule, name: str, params: dict[str, Any], x: torch
         return None, "is not registered in this process"
     variant = variants[name]
     if not supports(variant, dtype, entry.casting, entry.offset):
-        return None, f"does not compute {_numerics_text(entry)} in {dtype}"
+        return None, f"does not compute {numerics_text(entry)} in {dtype}"
     if mode == "training" and not variant.autograd:
         return None, "has no backward"
     built = (name, tuple(sorted(params.items())), x.device.type)
@@ -468,45 +282,17 @@ def _candidate(entry: PatchedModule, name: str, params: dict[str, Any], x: torch
         kernel = build_kernel(variant, x.device.type, params, entry.casting, entry.offset)
         entry.kernels[built] = kernel
     problem = _disagreement(entry, kernel, x)
-    if not problem and _must_be_exact(x.dtype):
+    if not problem and must_be_exact(x.dtype):
         probe = (*built, x.dtype)
         if probe not in entry.probed:
-            entry.probed[probe] = _disagreement(entry, kernel, _probe(x))
+            entry.probed[probe] = _disagreement(entry, kernel, probe_rows(x))
         problem = entry.probed[probe]
     return (None, f"disagrees with the module: {problem}") if problem else (kernel, "")
 
 
-def _must_be_exact(dtype: torch.dtype) -> bool:
-    """16-bit outputs must equal the module's bit for bit: a one-step difference in a norm's
-    output compounds through the layers (float32 keeps the op's tolerance)."""
-    return dtype in (torch.float16, torch.bfloat16)
-
-
-_PROBE_ELEMENTS = 1 << 20
-
-
-def _probe(x: torch.Tensor) -> torch.Tensor:
-    """About a million elements like a model's activations (row scales spread over orders of
-    magnitude, a few outlier channels): a kernel that sums in another order than the module
-    rounds about one element in 1e5 otherwise, so it shows here."""
-    generator = torch.Generator().manual_seed(0)
-    hidden = x.shape[-1]
-    count = max(_PROBE_ELEMENTS // max(hidden, 1), 1)
-    rows = torch.randn(count, hidden, generator=generator)
-    rows *= torch.exp(2 * torch.randn(count, 1, generator=generator))
-    outliers = torch.randint(0, hidden, (max(hidden // 64, 1),), generator=generator)
-    rows[:, outliers] *= 20
-    return rows.to(dtype=x.dtype, device=x.device)
-
-
-def _params_text(params: dict[str, Any]) -> str:
-    text = ", ".join(f"{k}={v}" for k, v in params.items())
-    return f"({text})" if text else ""
-
-
 def _row(entry: PatchedModule, key: str, choice: Choice, name: str, params: dict[str, Any],
          why: str, numerics: str) -> PatchRow:
-    return PatchRow(entry.path, entry.op, key, name + _params_text(params), choice.match, why,
+    return PatchRow(entry.path, entry.op, key, name + params_text(params), choice.match, why,
                     numerics, choice.pass_name)
 
 
@@ -524,7 +310,7 @@ def _disagreement(entry: PatchedModule, kernel: Kernel, x: torch.Tensor) -> str:
         return "wrong output shape"
     if got.dtype != expected.dtype:
         return f"returns {got.dtype}, the module {expected.dtype}"
-    if _must_be_exact(x.dtype):
+    if must_be_exact(x.dtype):
         differ = int((got != expected).sum().item())
         return f"{differ} of {got.numel()} elements round otherwise" if differ else ""
     if not torch.allclose(got, expected, atol=tolerance.atol, rtol=tolerance.rtol):

@@ -22,7 +22,7 @@ from fusionlab.shapes import DTYPES
 
 if TYPE_CHECKING:
     from fusionlab.model.models import Step
-    from fusionlab.model.patch import PatchHandle
+    from fusionlab.model.patch_handle import PatchedModel
 
 _SAMPLE_S = 0.002  # wall time of one sample: enough calls that the clock's cost vanishes
 
@@ -40,7 +40,7 @@ class CallTiming:
     saving_us: float  # median of the paired per-round differences (own - patched)
 
 
-def time_calls(handle: PatchHandle, step: str, rounds: int = 15,
+def time_calls(handle: PatchedModel, step: str, rounds: int = 15,
                train: bool = False) -> list[CallTiming]:
     """Time every group of the step's captured module calls, unpatched and patched, in `rounds`
     paired rounds (the order alternates each round), forward only or with `train` forward and
@@ -68,7 +68,7 @@ def time_calls(handle: PatchHandle, step: str, rounds: int = 15,
     ]
 
 
-def time_in_situ(handle: PatchHandle, step: Step, rounds: int = 15) -> list[CallTiming]:
+def time_in_situ(handle: PatchedModel, step: Step, rounds: int = 15) -> list[CallTiming]:
     """Time every group of the step's captured module calls inside `rounds` runs of the whole
     step each way (unpatched and patched alternate, the order flipping every round, as the
     step itself is timed); a call's time runs from its forward pre-hook to its forward hook.
@@ -103,7 +103,7 @@ def time_in_situ(handle: PatchHandle, step: Step, rounds: int = 15) -> list[Call
     ]
 
 
-def _path_groups(handle: PatchHandle, step: str) -> dict[str, tuple[str, str, str]]:
+def _path_groups(handle: PatchedModel, step: str) -> dict[str, tuple[str, str, str]]:
     """Module path -> (class, key, variant) for the step's captured module calls."""
     variants = {(row.path, row.key): row.variant for row in handle.rows}
     return {
@@ -113,7 +113,7 @@ def _path_groups(handle: PatchHandle, step: str) -> dict[str, tuple[str, str, st
     }
 
 
-def _clock_hooks(handle: PatchHandle, groups: dict[str, tuple[str, str, str]],
+def _clock_hooks(handle: PatchedModel, groups: dict[str, tuple[str, str, str]],
                  durations: list[tuple[str, float]]) -> list[torch.utils.hooks.RemovableHandle]:
     """Forward pre-hooks and hooks that append (path, seconds) for every call of the modules."""
     starts: dict[str, float] = {}
@@ -145,7 +145,7 @@ def _add_round(samples: dict[tuple[str, str, str], list[float]],
         counts[group] += len(times)
 
 
-def _groups(handle: PatchHandle, step: str
+def _groups(handle: PatchedModel, step: str
             ) -> dict[tuple[str, str, str], tuple[nn.Module, torch.Tensor, int]]:
     """(class, key, variant) -> one of its modules, an input at the key, and the step's calls."""
     variants = {(row.path, row.key): row.variant for row in handle.rows}

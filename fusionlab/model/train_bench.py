@@ -16,9 +16,9 @@ import torch
 from tabulate import tabulate
 
 from fusionlab.errors import UserError
+from fusionlab.measure.peak_memory import MemoryUse, memory_use
 from fusionlab.model.bench import StepResult, paired_ratio
 from fusionlab.model.grad_check import GradientGroup, compare_gradients
-from fusionlab.model.peak_memory import MemoryUse, memory_use
 from fusionlab.model.predict import time_calls
 from fusionlab.model.train import (
     Trainer,
@@ -30,7 +30,7 @@ from fusionlab.model.train import (
 from fusionlab.plausible import marked
 
 if TYPE_CHECKING:
-    from fusionlab.model.patch import PatchHandle
+    from fusionlab.model.patch_handle import PatchedModel
 
 _WARMUP = 2  # full steps of each model after the checked one, before timing
 DIFFERS = " [differs]"
@@ -51,7 +51,7 @@ class TrainResult:
         return all(group.ok for group in self.gradients)
 
 
-def benchmark_training(handle: PatchHandle, tokens: list[int], runs: int = 20, seed: int = 0,
+def benchmark_training(handle: PatchedModel, tokens: list[int], runs: int = 20, seed: int = 0,
                        lr: float = 1e-4) -> list[TrainResult]:
     """Per sequence length: the training step patched against an unpatched copy. The model's
     weights, gradients and train/eval mode are as before when it returns."""
@@ -75,7 +75,7 @@ def benchmark_training(handle: PatchHandle, tokens: list[int], runs: int = 20, s
         model.train(was_training)
 
 
-def _one_length(handle: PatchHandle, tokens: int, named: bool, runs: int, seed: int,
+def _one_length(handle: PatchedModel, tokens: int, named: bool, runs: int, seed: int,
                 lr: float) -> TrainResult:
     model = handle.model
     suffix = f"@{tokens}" if named else ""

@@ -1,10 +1,12 @@
-"""Rendering the best-config table as md, csv, json, latex or html."""
+"""Rendering the best-config table as md, csv, json, latex or html, and checking where output
+files go before anything is measured."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 from tabulate import tabulate
@@ -61,6 +63,18 @@ def check_writable(path: str) -> None:
         raise UserError(f"cannot write {path!r}: {error.strerror or error}") from None
     if not existed:
         file.unlink()
+
+
+def prepare_folder(path: str, what: str) -> str:
+    """Create a folder for output files; one line to the user when it cannot be written."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"cannot create {what} {path!r} ({error.strerror}); pick another") from None
+    if not os.access(folder, os.W_OK):
+        raise UserError(f"{what} {path!r} is not writable; pick another")
+    return str(folder.resolve())
 
 
 def render(winners: WinnersFile, fmt: str, chosen: str | None = None) -> str:

@@ -1,68 +1,19 @@
-"""`fusionlab compare` and `fusionlab profile`: the seed's profiling investigation as a command.
-
-Variants and parameters are chosen and validated by the same planning path as `sweep`, and run
-through the same trial; the numbers are read off the profiler's events (see
-measure/profiling.py), never parsed from printed tables."""
+"""What `fusionlab compare` and `fusionlab profile` print: each variant's key_averages table, the
+summary of how it ran as units of work, one verdict line per variant, and the traces written.
+The profiling itself is in investigation.py."""
 
 from __future__ import annotations
 
-import argparse
-import os
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import torch
 
-from fusionlab import plan as planning
-from fusionlab.errors import UserError
 from fusionlab.measure.profiling import ProfilerSettings
-from fusionlab.measure.trial import TrialTask
-from fusionlab.measure.worker import TrialWorker
+from fusionlab.plan import SweepPlan
 from fusionlab.records import TrialRecord
-from fusionlab.registry import get_op, get_variant
+from fusionlab.registry import get_op
 from fusionlab.report import fit
-from fusionlab.shapes import format_shape, parse_dtype, parse_shape
-
-
-def prepare_folder(path: str, what: str) -> str:
-    """Create a folder for output files; one line to the user when it cannot be written."""
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UserError(f"cannot create {what} {path!r} ({error.strerror}); pick another") from None
-    if not os.access(folder, os.W_OK):
-        raise UserError(f"{what} {path!r} is not writable; pick another")
-    return str(folder.resolve())
-
-
-def _prepare_trace_dir(path: str | None) -> str | None:
-    return None if path is None else prepare_folder(path, "trace dir")
-
-
-def _run(
-    configs: list[tuple[str, dict[str, Any]]],
-    args: argparse.Namespace,
-    plan: planning.SweepPlan,
-    trace_dir: str | None,
-) -> list[TrialRecord]:
-    cells = plan.cells()
-    if not cells:
-        raise UserError(f"no variant of {args.op} runs {plan.dtypes[0]} on {plan.device.type}")
-    (cell,) = cells  # one shape, one dtype
-    records = []
-    with TrialWorker(args.plugin, threads=plan.threads, allocator=plan.allocator) as worker:
-        for name, params in configs:
-            task = TrialTask(
-                cell=cell,
-                variant=name,
-                params=params,
-                seed=args.seed,
-                profile_table_rows=args.rows,
-                trace_dir=trace_dir,
-            )
-            records.append(TrialRecord.from_dict(worker.run(task, plan.timeout_s)))
-    return records
+from fusionlab.shapes import format_shape
 
 
 def _us(value: float | None) -> str:
@@ -126,27 +77,41 @@ def verdict(record: TrialRecord) -> str:
     return " ".join(parts)
 
 
-def _report(
-    records: list[TrialRecord],
-    args: argparse.Namespace,
-    plan: planning.SweepPlan,
-    trace_dir: str | None,
-) -> None:
-    spec, device = get_op(args.op), plan.device
-    width = 10**6 if args.wide else fit.terminal_width()
+def render(records: list[TrialRecord], plan: SweepPlan, trace_dir: str | None,
+           wide: bool) -> None:
+    """Print the investigation of `records`, fitted to the terminal unless `wide`."""
+    device = plan.device
+    width = 10**6 if wide else fit.terminal_width()
     (shape,), (dtype,) = plan.shapes, plan.dtypes
 
     def show(text: str) -> None:
         print(fit.wrap(text, width))
 
     show(
-        f"{args.op} {format_shape(shape)} {dtype} on {device.type}: {plan.device_label}, "
+        f"{plan.op} {format_shape(shape)} {dtype} on {device.type}: {plan.device_label}, "
         f"torch {torch.__version__}"
     )
     show(
         f"profiler: activities {[a.name for a in device.profiler_activities()]}, "
         f"{ProfilerSettings().describe()}"
     )
+    cropped = _print_profiles(records, width, show)
+    print()
+    _print_summary(records, get_op(plan.op).baseline, width, cropped, show)
+    print()
+    for record in records:
+        show(verdict(record))
+    traces = [r.trace_file for r in records if r.trace_file]
+    if traces:
+        print("\ntraces (open in https://ui.perfetto.dev or chrome://tracing):")
+        for path in traces:
+            print(f"  {path}")
+    if trace_dir and device.profile_viewer:
+        show(f"{device.type} device profile: {trace_dir} (open with {device.profile_viewer})")
+
+
+def _print_profiles(records: list[TrialRecord], width: int, show: Callable[[str], None]) -> bool:
+    """Each record's key_averages table (or why it has none); True when one was cropped."""
     cropped = False
     for record in records:
         print(f"\n== {record.config_label()} ==")
@@ -156,8 +121,13 @@ def _report(
             print(table)
         else:
             show(f"{record.status.value}: {record.message}")
-    print()
-    rows = summary_rows(records, spec.baseline)
+    return cropped
+
+
+def _print_summary(records: list[TrialRecord], baseline: str, width: int, cropped: bool,
+                   show: Callable[[str], None]) -> None:
+    """The summary table, where its units of work come from, notes, and what was left out."""
+    rows = summary_rows(records, baseline)
     order = list(dict.fromkeys(key for row in rows for key in row))
     text, left_out = fit.fit_table(rows, sorted(order, key=_importance), width, ["variant"])
     print(text)
@@ -172,16 +142,6 @@ def _report(
             + ", ".join((["key_averages' right-hand columns"] if cropped else []) + left_out)
             + " (--wide shows them)"
         )
-    print()
-    for record in records:
-        show(verdict(record))
-    traces = [r.trace_file for r in records if r.trace_file]
-    if traces:
-        print("\ntraces (open in https://ui.perfetto.dev or chrome://tracing):")
-        for path in traces:
-            print(f"  {path}")
-    if trace_dir and device.profile_viewer:
-        show(f"{device.type} device profile: {trace_dir} (open with {device.profile_viewer})")
 
 
 def _importance(column: str) -> int:
@@ -197,58 +157,3 @@ def _importance(column: str) -> int:
         lambda c: c == "device us/call",
     )
     return next((i for i, matches in enumerate(order) if matches(column)), len(order))
-
-
-def _plan(args: argparse.Namespace, variants: str | None) -> planning.SweepPlan:
-    """The same planning path as sweep, for one shape and one dtype."""
-    shape, dtype = format_shape(parse_shape(args.shape)), parse_dtype(args.dtype)
-    return planning.make_plan(
-        args.op,
-        shape,
-        dtype,
-        args.device,
-        variants,
-        args.plugin,
-        timeout_s=args.timeout,
-        seed=args.seed,
-        threads=args.threads,
-        allocator=args.allocator,
-    )
-
-
-def compare_command(args: argparse.Namespace) -> int:
-    plan = _plan(args, args.variants)
-    trace_dir = _prepare_trace_dir(args.trace_dir)
-    (shape,), (dtype,) = plan.shapes, plan.dtypes
-    configs = [
-        (v.name, planning.first_config(v, shape, plan.device.type))
-        for v in plan.cell_variants(dtype)
-    ]
-    _report(_run(configs, args, plan, trace_dir), args, plan, trace_dir)
-    return 0
-
-
-def profile_command(args: argparse.Namespace) -> int:
-    plan = _plan(args, args.variant)
-    trace_dir = _prepare_trace_dir(args.trace_dir)
-    (shape,) = plan.shapes
-    variant = get_variant(args.op, args.variant)
-    params = planning.parse_params(variant, args.param, shape, plan.device.type)
-    records = _run([(variant.name, params)], args, plan, trace_dir)
-    _report(records, args, plan, trace_dir)
-    record = records[0]
-    if record.fusion is not None:
-        print("\nops per call:")
-        for name, count in record.fusion.op_counts.items():
-            print(f"  {count:g} x {name}")
-    if record.timing is not None:
-        timing = record.timing
-        print(
-            f"setup {record.setup_ms or 0:.4g} ms and first call "
-            f"{record.first_call_ms or 0:.4g} ms "
-            "(build and compile live there); "
-            f"{len(timing.samples_ms)} samples of {timing.calls_per_sample} calls: median "
-            f"{timing.median_ms:.4g} ms, IQR {timing.q1_ms:.4g}-{timing.q3_ms:.4g} ms, "
-            f"CV {100 * timing.cv:.1f}%"
-        )
-    return 0 if record.passed else 1

@@ -11,16 +11,16 @@ from typing import Any
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.report.fit import fit_table, pick_columns
-from fusionlab.report.verdict import implausible
-from fusionlab.report.winners import (
+from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
+from fusionlab.shapes import format_shape
+from fusionlab.verdict import implausible
+from fusionlab.winners import (
     break_even,
     budget_label,
     cell_winner,
     first_use_by_variant,
     writes_inputs,
 )
-from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
-from fusionlab.shapes import format_shape
 
 
 def _num(digits: int) -> Callable[[float], str]:

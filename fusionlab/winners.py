@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from fusionlab.records import TrialRecord
 from fusionlab.registry import variants_of
-from fusionlab.report.verdict import break_even_calls
 from fusionlab.results import CellResult, Decision, Verdict
+from fusionlab.verdict import break_even_calls
 
 
 @dataclass(frozen=True)
@@ -103,25 +103,39 @@ def cell_winner(
     if not best:
         return None
     if calls is not None:
-        first_use = first_use_by_variant(cell)
-        ordered = sorted(best.values(), key=lambda r: _cost(r, mode, calls, first_use))
-        ranked_by = f"{mode}+{calls} calls"
-        if budget is not None:
-            ranked_by = budget_label(ranked_by, budget)
-        return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
+        return _winner_by_calls(cell, best, mode, calls, budget)
     verdict = cell.verdicts.get(mode)
     if verdict is not None:
-        winner = cell.record_of(verdict.winner)
-        runner = cell.record_of(verdict.runner_up) if verdict.runner_up else None
-        fits = budget is None or (
-            winner is not None and winner.variant in best
-            and best[winner.variant].config_label() == winner.config_label()
-        )
-        if winner is not None and winner.passed and winner.variant in best and fits:
-            return Winner(winner, runner, verdict, mode)
+        decided = _decided_winner(cell, best, verdict, budget)
+        if decided is not None:
+            return Winner(decided, cell.record_of(verdict.runner_up) if verdict.runner_up
+                          else None, verdict, mode)
     ordered = list(best.values())
     ranked_by = mode if budget is None else budget_label(mode, budget)
     return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
+
+
+def _winner_by_calls(cell: CellResult, best: dict[str, TrialRecord], mode: str, calls: int,
+                     budget: float | None) -> Winner:
+    """The cheapest of `best` over first use + `calls` x latency (--calls)."""
+    first_use = first_use_by_variant(cell)
+    ordered = sorted(best.values(), key=lambda r: _cost(r, mode, calls, first_use))
+    ranked_by = f"{mode}+{calls} calls"
+    if budget is not None:
+        ranked_by = budget_label(ranked_by, budget)
+    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
+
+
+def _decided_winner(cell: CellResult, best: dict[str, TrialRecord], verdict: Verdict,
+                    budget: float | None) -> TrialRecord | None:
+    """The verdict's winner when it passed and is still among `best` (and, under a memory
+    budget, is the very configuration that fits); else None."""
+    winner = cell.record_of(verdict.winner)
+    if winner is None or not winner.passed or winner.variant not in best:
+        return None
+    if budget is not None and best[winner.variant].config_label() != winner.config_label():
+        return None
+    return winner
 
 
 def break_even(
