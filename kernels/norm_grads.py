@@ -105,6 +105,11 @@ def empty_like_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
+def row_statistics_like(x: torch.Tensor) -> torch.Tensor:
+    """A new fp32 tensor of x's shape without its last dim: one statistic (mean, rstd) per row."""
+    return torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
+
+
 @torch.library.custom_op("fusionlab::rms_norm_backward", mutates_args=())
 def rms_norm_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
                       offset: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -62,6 +62,8 @@ HONEST = [("rmsnorm", "naive", {}), ("rmsnorm", "builtin", {}),
           ("layernorm", "cpp", {"rows_per_task": 4}), ("add_rmsnorm", "naive", {}),
           ("rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
           ("layernorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
+          ("rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused-saved"}),
+          ("layernorm", "cpp", {"rows_per_task": 4, "backward": "fused-saved"}),
           ("add_rmsnorm", "cpp", {"rows_per_task": 4}),
           ("add_rmsnorm", "cpp", {"rows_per_task": 4, "backward": "fused"}),
           ("add_layernorm", "cpp", {"rows_per_task": 4, "backward": "fused"})]
@@ -124,7 +126,7 @@ def test_backward_and_forward_backward_sweeps_decide_cells(tmp_path) -> None:
             (r.variant, r.message) for r in cell.records if not r.passed]
         # The cpp variant's backward tunable is swept: both backwards measured, and gated.
         backwards = {r.params.get("backward") for r in cell.records if r.variant == "cpp"}
-        assert backwards == {"torch-ops", "fused"}, (cell.cell.label, backwards)
+        assert backwards == {"torch-ops", "fused", "fused-saved"}, (cell.cell.label, backwards)
         _check_memory_budget(cell)
     refused = run_cli("export", "rmsnorm", "--storage", storage, "--memory-budget", "0",
                       cwd=tmp_path)

@@ -1,8 +1,10 @@
-"""The fused C++ backward kernels of the C++ rmsnorm, layernorm, add_rmsnorm and add_layernorm:
-their gradients against the float64 reference's autograd gradients at awkward shapes in fp32 and
-bf16 (the add ops with both outputs' gradients used, or either alone), any input layout,
-torch.library.opcheck of the new ops, the `backward` tunable that only passes with a backward
-sweep, and a real backward sweep of add_rmsnorm that measures both backwards."""
+"""The fused C++ backward kernels of the C++ rmsnorm, layernorm, add_rmsnorm and add_layernorm,
+recomputing the row statistics (`fused`) or, for rmsnorm and layernorm, reading those the forward
+saved (`fused-saved`): their gradients against the float64 reference's autograd gradients at
+awkward shapes in fp32 and bf16 (the add ops with both outputs' gradients used, or either alone),
+any input layout, the saving forward's y bit for bit the plain forward's, the statistics in the
+saved bytes, torch.library.opcheck of the new ops, the `backward` tunable that only passes with
+a backward sweep, and a real backward sweep of add_rmsnorm that measures both backwards."""
 
 from __future__ import annotations
 
@@ -16,8 +18,12 @@ from fusionlab.kernels.add_layernorm.spec import add_layer_norm_float64
 from fusionlab.kernels.add_rmsnorm import cpu_backward as add_rms_backward
 from fusionlab.kernels.add_rmsnorm.spec import add_rms_norm_float64_with
 from fusionlab.kernels.layernorm import cpu_backward as ln_backward
+from fusionlab.kernels.layernorm import cpu_cpp as ln_forward
 from fusionlab.kernels.rmsnorm import cpu_backward as rms_backward
+from fusionlab.kernels.rmsnorm import cpu_cpp as rms_forward
 from fusionlab.kernels.rmsnorm.spec import TOLERANCES, rms_norm_float64_with
+from fusionlab.measure.pass_memory import pass_memory
+from fusionlab.measure.passes import BACKWARD, PassCall, pass_spec
 from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.registry import get_op, get_variant, register_variant
 from fusionlab.search.results_store import load_cells
@@ -71,28 +77,36 @@ def _assert_close(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torc
         torch.testing.assert_close(g.double(), w, rtol=2 * tol.rtol, atol=2 * tol.atol * scale)
 
 
+RMS_FUSED = {"fused": rms_backward.rms_norm_cpp_fused_grad,
+             "fused-saved": rms_backward.rms_norm_cpp_saved_stats}
+LN_FUSED = {"fused": ln_backward.layer_norm_cpp_fused_grad,
+            "fused-saved": ln_backward.layer_norm_cpp_saved_stats}
+
+
 @needs_cpp
+@pytest.mark.parametrize("backward", RMS_FUSED)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("numerics", [DEFAULT, Numerics("gemma", 1.0)], ids=["none", "gemma"])
-def test_fused_rmsnorm_backward_matches_float64_autograd(loaded, numerics, shape, dtype):
+def test_fused_rmsnorm_backward_matches_float64_autograd(loaded, numerics, shape, dtype,
+                                                         backward):
     x, grad, weight, _ = _inputs(shape, dtype)
+    fused = RMS_FUSED[backward]
     got = _kernel_grads(
-        lambda x, w: rms_backward.rms_norm_cpp_fused_grad(x, w, EPS, 16, numerics.casting,
-                                                          numerics.offset), grad, x, weight)
+        lambda x, w: fused(x, w, EPS, 16, numerics.casting, numerics.offset), grad, x, weight)
     want = _float64_grads(lambda x, w: rms_norm_float64_with(x, w, EPS, numerics), grad, x, weight)
     _assert_close(got, want, dtype)
 
 
 @needs_cpp
+@pytest.mark.parametrize("backward", LN_FUSED)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_fused_layernorm_backward_matches_float64_autograd(loaded, shape, dtype):
+def test_fused_layernorm_backward_matches_float64_autograd(loaded, shape, dtype, backward):
     """x has mean 20: the moments are taken from the centred rows, not from raw sums."""
     x, grad, weight, bias = _inputs(shape, dtype, mean=20.0)
-    got = _kernel_grads(
-        lambda x, w, b: ln_backward.layer_norm_cpp_fused_grad(x, w, b, EPS, 16), grad, x, weight,
-        bias)
+    fused = LN_FUSED[backward]
+    got = _kernel_grads(lambda x, w, b: fused(x, w, b, EPS, 16), grad, x, weight, bias)
     want = _float64_grads(
         lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, EPS), grad, x,
         weight, bias)
@@ -120,6 +134,64 @@ def test_any_layout_gives_the_contiguous_result(loaded, dtype):
 
 
 @needs_cpp
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_saving_forwards_write_the_plain_forwards_y_bit_for_bit(loaded, shape, dtype):
+    """Same row function, same y, at every casting mode, store kind, statistics and row group;
+    the statistics are fp32, one per row, and are what the row's y was computed from."""
+    x, _, weight, bias = _inputs(shape, dtype, mean=3.0)
+    for casting, offset in (("none", 0.0), ("llama", 0.0), ("gemma", 1.0)):
+        for store in ("plain", "stream"):
+            args = (x, weight, EPS, 4, casting, offset, store)
+            y, rstd = torch.ops.fusionlab.rms_norm_cpu_stats(*args)
+            assert torch.equal(y, rms_forward.rms_norm_cpp_with(*args[:4], casting, offset,
+                                                                store))
+            assert rstd.dtype == torch.float32 and rstd.shape == shape[:-1]
+            want = torch.rsqrt(x.float().square().mean(-1) + EPS)
+            torch.testing.assert_close(rstd, want, rtol=1e-5, atol=0)
+    for stats in ("welford", "shifted"):
+        for row_group in (1, 4):
+            args = (x, weight, bias, EPS, 2, "plain", stats, row_group)
+            y, mean, rstd = torch.ops.fusionlab.layer_norm_cpu_stats(*args)
+            assert torch.equal(y, ln_forward.layer_norm_cpp(*args))
+            assert mean.dtype == rstd.dtype == torch.float32 and mean.shape == shape[:-1]
+            wide = x.double()
+            torch.testing.assert_close(mean.double(), wide.mean(-1), rtol=1e-6, atol=1e-6)
+            want = torch.rsqrt(wide.var(-1, unbiased=False) + EPS)
+            torch.testing.assert_close(rstd.double(), want, rtol=1e-4, atol=0)
+
+
+@needs_cpp
+@pytest.mark.parametrize(("op", "stat_bytes"), [("rmsnorm", 4), ("layernorm", 8)])
+def test_saved_bytes_include_the_statistics(loaded, op, stat_bytes):
+    """The backward sweep's saved-tensor bytes: fused-saved keeps what fused keeps (x and the
+    parameters) plus fp32 statistics for each row, nothing else."""
+    shape = (6, 5, 128)
+    spec = pass_spec(get_op(op), BACKWARD, shape, torch.float32)
+    inputs = spec.make_inputs(shape, torch.float32, torch.device("cpu"), 3)
+    saved = {}
+    for backward in ("fused", "fused-saved"):
+        kernel = get_variant(op, "cpp").factory("cpu", rows_per_task=4, backward=backward)
+        call = PassCall(kernel, get_op(op), BACKWARD)
+        saved[backward] = pass_memory(call, inputs, torch.device("cpu")).saved_bytes
+    assert saved["fused-saved"] - saved["fused"] == stat_bytes * 30, saved
+
+
+@needs_cpp
+def test_saved_statistics_are_checked(loaded):
+    x, grad, weight, bias = _inputs((4, 32), torch.float32)
+    rstd = torch.ones(4)
+    rms = torch.ops.fusionlab.rms_norm_cpu_backward_saved
+    ln = torch.ops.fusionlab.layer_norm_cpu_backward_saved
+    with pytest.raises(RuntimeError, match="rstd must be float32"):
+        rms(grad, x, weight, rstd[:3], 0.0, 4)
+    with pytest.raises(RuntimeError, match="rstd must be float32"):
+        rms(grad, x, weight, rstd.double(), 0.0, 4)
+    with pytest.raises(RuntimeError, match="mean and rstd must be float32"):
+        ln(grad, x, weight, bias, rstd, rstd.half(), 4)
+
+
+@needs_cpp
 def test_bad_arguments_are_refused(loaded):
     x, grad, weight, _ = _inputs((4, 32), torch.float32)
     rms = torch.ops.fusionlab.rms_norm_cpu_backward_fused
@@ -142,6 +214,13 @@ def test_new_ops_pass_opcheck(loaded, dtype):
     leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
     torch.library.opcheck(ops.rms_norm_cpu_fused_grad.default, (*leaves[:2], EPS, 2))
     torch.library.opcheck(ops.layer_norm_cpu_fused_grad.default, (*leaves, EPS, 2))
+    rstd = torch.rand(3, 5) + 0.5
+    mean = torch.randn(3, 5)
+    torch.library.opcheck(ops.rms_norm_cpu_backward_saved.default, (grad, x, weight, rstd, 1.0, 2))
+    torch.library.opcheck(ops.layer_norm_cpu_backward_saved.default,
+                          (grad, x, weight, bias, mean, rstd, 2))
+    torch.library.opcheck(ops.rms_norm_cpu_stats.default, (*leaves[:2], EPS, 2, "gemma", 1.0))
+    torch.library.opcheck(ops.layer_norm_cpu_stats.default, (*leaves, EPS, 2))
 
 
 @needs_cpp
@@ -156,18 +235,21 @@ def test_both_backward_choices_agree_through_the_variant(loaded, op, args):
     residual, grad_sum = _inputs((17, 96), torch.float32, seed=1)[:2]
     tensors = {"x": x, "r": residual, "w": weight, "b": bias}
     results = {}
-    for backward in rms_backward.BACKWARD_CHOICES:
+    for backward in variant.backward_tunables["backward"]:
         kernel = variant.factory("cpu", rows_per_task=4, backward=backward)
         leaves = [tensors[name].clone().requires_grad_() for name in args]
         outputs = kernel(*leaves, EPS)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         grads = (grad, grad_sum)[:len(outputs)]
         results[backward] = (outputs, torch.autograd.grad(outputs, leaves, grads))
-    (y_ops, g_ops), (y_fused, g_fused) = results["torch-ops"], results["fused"]
-    for a, b in zip(y_ops, y_fused, strict=True):
-        assert torch.equal(a, b)
-    for a, b in zip(g_ops, g_fused, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    y_ops, g_ops = results.pop("torch-ops")
+    assert sorted(results) == (["fused", "fused-saved"] if op in ("rmsnorm", "layernorm")
+                               else ["fused"])
+    for y_fused, g_fused in results.values():
+        for a, b in zip(y_ops, y_fused, strict=True):
+            assert torch.equal(a, b)
+        for a, b in zip(g_ops, g_fused, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="backward must be one of"):
         variant.factory("cpu", rows_per_task=4, backward="bogus")
 
@@ -178,8 +260,8 @@ def test_the_backward_tunable_is_swept_only_with_a_backward(op):
     forward = list(variant.for_pass(False).configurations())
     training = list(variant.for_pass(True).configurations())
     assert all("backward" not in params for params in forward)
-    assert {params["backward"] for params in training} == {"torch-ops", "fused"}
-    assert len(training) == 2 * len(forward)
+    assert {params["backward"] for params in training} == {"torch-ops", "fused", "fused-saved"}
+    assert len(training) == 3 * len(forward)
     get_op("rmsnorm")  # the built-in ops are registered before the plugin-style one below
     with pytest.raises(RegistrationError, match="declares autograd"):
         register_variant("rmsnorm", "no-grad-tunable", devices=("cpu",), autograd=False,

@@ -15,8 +15,7 @@ import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.add_layernorm import cpu_cpp
-from fusionlab.kernels.add_rmsnorm.cpu_backward import HEADERS
-from fusionlab.kernels.rmsnorm.cpu_backward import BACKWARD_CHOICES, check_backward
+from fusionlab.kernels.add_rmsnorm.cpu_backward import BACKWARD_CHOICES, HEADERS, check_backward
 
 __all__ = ["BACKWARD_CHOICES", "add_layer_norm_cpp_fused_grad", "check_backward",
            "load_extension"]

@@ -15,9 +15,18 @@ import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.add_rmsnorm import cpu_cpp
-from fusionlab.kernels.rmsnorm.cpu_backward import BACKWARD_CHOICES, check_backward
+from fusionlab.kernels.rmsnorm.cpu_backward import RECOMPUTING_CHOICES
+from fusionlab.kernels.rmsnorm.cpu_backward import check_backward as check_choice
 
 __all__ = ["BACKWARD_CHOICES", "add_rms_norm_cpp_fused_grad", "check_backward", "load_extension"]
+
+BACKWARD_CHOICES = RECOMPUTING_CHOICES  # the forward saves no statistics: no fused-saved
+
+
+def check_backward(backward: str) -> None:
+    """Refuse a `backward` that is none of BACKWARD_CHOICES."""
+    check_choice(backward, BACKWARD_CHOICES)
+
 
 _CSRC = Path(__file__).parent / "csrc"
 _COMMON = Path(__file__).parents[1] / "rmsnorm" / "csrc"

@@ -1,7 +1,8 @@
 """Hand-written C++ LayerNorm for CPU: the `fusionlab::layer_norm_cpu` operator (one read of x for
 mean/variance, Welford's or shifted sums, then the normalised write), JIT-built and cached by
-kernels/cpp_build.py. Loading also registers its fake kernel; its autograd kernel is C++
-(backward: norm_grads.py)."""
+kernels/cpp_build.py. Loading also registers its fake kernels; its autograd kernel is C++
+(backward: norm_grads.py). `fusionlab::layer_norm_cpu_stats` is the same forward also returning
+each row's mean and rstd (fp32); its autograd kernel is cpu_backward.py's."""
 
 from __future__ import annotations
 
@@ -56,6 +57,14 @@ def load_extension() -> float:
 @functools.cache
 def _register_fake() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
+    torch.library.register_fake("fusionlab::layer_norm_cpu_stats")(_fake_stats)
+
+
+def _fake_stats(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                rows_per_task: int, store: str = "auto", stats: str = "welford",
+                row_group: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (norm_grads.empty_like_rows(x), norm_grads.row_statistics_like(x),
+            norm_grads.row_statistics_like(x))
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,

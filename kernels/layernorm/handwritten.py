@@ -32,11 +32,14 @@ from fusionlab.registry import Kernel, register_variant
 )
 def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write;
-    its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel."""
+    its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel (with the row
+    statistics recomputed, or saved by the forward)."""
     cpu_backward.check_backward(backward)
-    if backward == "fused":
+    if backward != "torch-ops":
         cpu_backward.load_extension()
-        return functools.partial(cpu_backward.layer_norm_cpp_fused_grad, **params)
+        fused = {"fused": cpu_backward.layer_norm_cpp_fused_grad,
+                 "fused-saved": cpu_backward.layer_norm_cpp_saved_stats}[backward]
+        return functools.partial(fused, **params)
     cpu_cpp.load_extension()
     return functools.partial(cpu_cpp.layer_norm_cpp, **params)
 

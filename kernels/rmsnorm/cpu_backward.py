@@ -1,8 +1,10 @@
 """The fused C++ backward of the C++ RMSNorm (csrc/rmsnorm_backward_cpu.cpp): the operator
 `fusionlab::rms_norm_cpu_backward_fused` (dx and a per-thread partial dweight in one pass over
 each row's block, fp32 accumulation) and `fusionlab::rms_norm_cpu_fused_grad`, rms_norm_cpu's
-forward whose C++ autograd kernel calls it. Which backward the `cpp` variant uses is its
-`backward` tunable, swept only by the passes with a backward (fusionlab/registry.py)."""
+forward whose C++ autograd kernel calls it; `fusionlab::rms_norm_cpu_backward_saved`, the same
+backward reading each row's rstd saved by `fusionlab::rms_norm_cpu_stats` (whose C++ autograd
+kernel calls it). Which backward the `cpp` variant uses is its `backward` tunable, swept only by
+the passes with a backward (fusionlab/registry.py)."""
 
 from __future__ import annotations
 
@@ -15,30 +17,35 @@ import torch
 from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.rmsnorm import cpu_cpp
 
-BACKWARD_CHOICES: tuple[str, ...] = ("torch-ops", "fused")
-"""torch-ops: kernels/norm_grads.py's backward; fused: this module's C++ kernel."""
+RECOMPUTING_CHOICES: tuple[str, ...] = ("torch-ops", "fused")
+"""The backwards every op with a fused kernel has: torch-ops, kernels/norm_grads.py's backward;
+fused, its fused kernel, the row statistics recomputed from x."""
+BACKWARD_CHOICES: tuple[str, ...] = (*RECOMPUTING_CHOICES, "fused-saved")
+"""This op's: also fused-saved, the fused kernel reading the statistics the forward saved (fp32,
+one per row: more memory kept for backward, less arithmetic in it)."""
 
 
-
-def check_backward(backward: str) -> None:
-    """Refuse a `backward` that is none of BACKWARD_CHOICES."""
-    if backward not in BACKWARD_CHOICES:
-        raise ValueError(f"backward must be one of {', '.join(BACKWARD_CHOICES)}, got {backward!r}")
+def check_backward(backward: str, choices: tuple[str, ...] = BACKWARD_CHOICES) -> None:
+    """Refuse a `backward` that is none of `choices`."""
+    if backward not in choices:
+        raise ValueError(f"backward must be one of {', '.join(choices)}, got {backward!r}")
 
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = (_CSRC / "rmsnorm_backward_cpu.cpp",)
 _HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "norm_backward_partials.h")
 _op: Callable[..., torch.Tensor] | None = None
+_stats_op: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def load_extension() -> float:
     """Build (first time per cache) or load the forward's and this operator; seconds spent."""
-    global _op
+    global _op, _stats_op
     seconds = cpu_cpp.load_extension()
     seconds += cpp_build.load("rmsnorm_backward_cpu", _SOURCES, _HEADERS)
     _register_fakes()
     _op = torch.ops.fusionlab.rms_norm_cpu_fused_grad.default
+    _stats_op = torch.ops.fusionlab.rms_norm_cpu_stats.default
     return seconds
 
 
@@ -46,10 +53,17 @@ def load_extension() -> float:
 def _register_fakes() -> None:
     torch.library.register_fake("fusionlab::rms_norm_cpu_backward_fused")(_fake_backward)
     torch.library.register_fake("fusionlab::rms_norm_cpu_fused_grad")(_fake_forward)
+    torch.library.register_fake("fusionlab::rms_norm_cpu_backward_saved")(_fake_backward_saved)
 
 
 def _fake_backward(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float,
                    offset: float, rows_per_task: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(weight)
+
+
+def _fake_backward_saved(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                         rstd: torch.Tensor, offset: float,
+                         rows_per_task: int) -> tuple[torch.Tensor, torch.Tensor]:
     return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(weight)
 
 
@@ -67,3 +81,13 @@ def rms_norm_cpp_fused_grad(
     if _op is None:
         load_extension()
     return _op(x, weight, eps, rows_per_task, casting, offset, store)
+
+
+def rms_norm_cpp_saved_stats(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, casting: str = "none",
+    offset: float = 0.0, store: str = "auto",
+) -> torch.Tensor:
+    """cpu_cpp.rms_norm_cpp_with (bit for bit), saving each row's rstd for the fused backward."""
+    if _stats_op is None:
+        load_extension()
+    return _stats_op(x, weight, eps, rows_per_task, casting, offset, store)[0]

@@ -1,7 +1,9 @@
 """Hand-written C++ RMSNorm for CPU: the `fusionlab::rms_norm_cpu` operator, JIT-built on first
 use by kernels/cpp_build.py (torch.utils.cpp_extension) and cached so later processes only load.
-Loading also registers its fake kernel (torch.compile traces it without a graph break). Its
-autograd kernel is C++ (csrc/rmsnorm_cpu.cpp); the backward is kernels/norm_grads.py's op."""
+Loading also registers its fake kernels (torch.compile traces it without a graph break). Its
+autograd kernel is C++ (csrc/rmsnorm_cpu.cpp); the backward is kernels/norm_grads.py's op.
+`fusionlab::rms_norm_cpu_stats` is the same forward also returning each row's rstd (fp32); its
+autograd kernel is cpu_backward.py's."""
 
 from __future__ import annotations
 
@@ -54,6 +56,13 @@ def load_extension() -> float:
 @functools.cache
 def _register_fake() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
+    torch.library.register_fake("fusionlab::rms_norm_cpu_stats")(_fake_stats)
+
+
+def _fake_stats(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+                casting: str = "none", offset: float = 0.0,
+                store: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    return norm_grads.empty_like_rows(x), norm_grads.row_statistics_like(x)
 
 
 def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,

@@ -34,12 +34,15 @@ from fusionlab.registry import Kernel, register_variant
 def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-ops",
         **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): two vectorised passes per row, parallel over rows;
-    its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel."""
+    its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel (with the row
+    statistics recomputed, or saved by the forward)."""
     cpu_backward.check_backward(backward)
-    if backward == "fused":
+    if backward != "torch-ops":
         cpu_backward.load_extension()
-        return functools.partial(cpu_backward.rms_norm_cpp_fused_grad, casting=numerics.casting,
-                                 offset=numerics.offset, **params)
+        fused = {"fused": cpu_backward.rms_norm_cpp_fused_grad,
+                 "fused-saved": cpu_backward.rms_norm_cpp_saved_stats}[backward]
+        return functools.partial(fused, casting=numerics.casting, offset=numerics.offset,
+                                 **params)
     cpu_cpp.load_extension()
     if numerics == DEFAULT:
         return functools.partial(cpu_cpp.rms_norm_cpp, **params)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from fusionlab.kernels import norm_grads
+from fusionlab.kernels.rmsnorm.cpu_backward import RECOMPUTING_CHOICES
+from fusionlab.kernels.rmsnorm.cpu_backward import check_backward as check_choice
 from fusionlab.kernels.rmsnorm.triton_kernel import (
     as_rows,
     check_launch,
@@ -26,14 +28,12 @@ from fusionlab.kernels.rmsnorm.triton_kernel import (
     triton,
 )
 
-BACKWARD_CHOICES: tuple[str, ...] = ("torch-ops", "fused")
-"""torch-ops: kernels/norm_grads.py's backward; fused: this module's Triton kernel."""
+BACKWARD_CHOICES = RECOMPUTING_CHOICES  # torch-ops, or this module's fused kernel
 
 
 def check_backward(backward: str) -> None:
     """Refuse a `backward` that is none of BACKWARD_CHOICES."""
-    if backward not in BACKWARD_CHOICES:
-        raise ValueError(f"backward must be one of {', '.join(BACKWARD_CHOICES)}, got {backward!r}")
+    check_choice(backward, BACKWARD_CHOICES)
 
 
 if triton is not None:

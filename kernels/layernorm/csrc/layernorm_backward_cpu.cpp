@@ -8,7 +8,8 @@
 // x (welford_moments.h, as the forward), then the two row sums, then dx is written and g * xhat
 // and g are added into the chunk's fp32 partial dweight and dbias (norm_backward_partials.h).
 // Summing gw * x in the first read instead would cancel once |mean| >> std, so the moments are
-// recomputed here rather than saved by the forward, whose op returns y alone.
+// recomputed here (backward=fused), or read from what the forward saved (backward=fused-saved:
+// `fusionlab::layer_norm_cpu_stats`, whose autograd kernel is here), skipping the first read.
 
 #include "cpu_norm_common.h"
 #include "norm_backward_partials.h"
@@ -27,12 +28,10 @@ namespace {
 
 using namespace fusionlab_cpu;
 
+// One row's backward given its mean and r.
 template <typename T>
-void layer_norm_backward_row(const T* g, const T* x, const float* w, T* dx, float* dw, float* db,
-                             int64_t n, float eps) {
-  const Moments moments = row_moments(RowOf<T>{x}, n);
-  const float mean = static_cast<float>(moments.mean);
-  const float r = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
+void layer_norm_backward_row_with(const T* g, const T* x, const float* w, T* dx, float* dw,
+                                  float* db, int64_t n, float mean, float r) {
   const fVec vmean(mean), vr(r);
   fVec gw0(0.f), gw1(0.f), gwx0(0.f), gwx1(0.f);
   int64_t i = 0;
@@ -82,10 +81,18 @@ void layer_norm_backward_row(const T* g, const T* x, const float* w, T* dx, floa
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_fused(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
-    const at::Tensor& bias, double eps, int64_t rows_per_task) {
-  constexpr const char* kOp = "fusionlab::layer_norm_cpu_backward_fused";
+// One row's backward, its mean and r recomputed from x as the forward computes them.
+template <typename T>
+void layer_norm_backward_row(const T* g, const T* x, const float* w, T* dx, float* dw, float* db,
+                             int64_t n, float eps) {
+  const Moments moments = row_moments(RowOf<T>{x}, n);
+  const float mean = static_cast<float>(moments.mean);
+  const float r = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
+  layer_norm_backward_row_with(g, x, w, dx, dw, db, n, mean, r);
+}
+
+void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& bias, int64_t rows_per_task, const char* kOp) {
   TORCH_CHECK(grad_y.device().is_cpu() && x.device().is_cpu() && weight.device().is_cpu() &&
                   bias.device().is_cpu(),
               kOp, ": tensors must be on the CPU");
@@ -100,6 +107,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_fused(
               kOp, ": x and grad_y must share one of float32, bfloat16, float16; got ",
               x.scalar_type(), ", ", grad_y.scalar_type());
   TORCH_CHECK(rows_per_task >= 1, kOp, ": rows_per_task must be >= 1, got ", rows_per_task);
+}
+
+// The body of both backward ops: `mean` and `rstd` (fp32, one per row of x) or null to
+// recompute them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& bias, double eps, int64_t rows_per_task, const at::Tensor* mean,
+    const at::Tensor* rstd) {
   const int64_t hidden = x.size(-1);
   at::Tensor grad_x(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
   at::Tensor grad_weight(at::detail::empty_cpu(weight.sizes(), weight.scalar_type()));
@@ -120,6 +135,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_fused(
   std::vector<float> dw_partials(chunks.count * hidden, 0.f);
   std::vector<float> db_partials(chunks.count * hidden, 0.f);
   const float eps_f = static_cast<float>(eps);
+  const bool saved = mean != nullptr;
+  const at::Tensor mean_in = saved ? mean->contiguous() : at::Tensor();
+  const at::Tensor rstd_in = saved ? rstd->contiguous() : at::Tensor();
+  const float* mean_ptr = saved ? mean_in.const_data_ptr<float>() : nullptr;
+  const float* rstd_ptr = saved ? rstd_in.const_data_ptr<float>() : nullptr;
   AT_DISPATCH_V2(x.scalar_type(), "layer_norm_cpu_backward_fused", AT_WRAP([&] {
     const scalar_t* x_ptr = x_in.const_data_ptr<scalar_t>();
     const scalar_t* g_ptr = g_in.const_data_ptr<scalar_t>();
@@ -128,14 +148,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_fused(
       float* dw = dw_partials.data() + chunk * hidden;
       float* db = db_partials.data() + chunk * hidden;
       for (int64_t r = begin; r < end; ++r) {
-        layer_norm_backward_row(g_ptr + r * hidden, x_ptr + r * hidden, w, dx_ptr + r * hidden,
-                                dw, db, hidden, eps_f);
+        const int64_t at = r * hidden;
+        if (saved) {
+          layer_norm_backward_row_with(g_ptr + at, x_ptr + at, w, dx_ptr + at, dw, db, hidden,
+                                       mean_ptr[r], rstd_ptr[r]);
+        } else {
+          layer_norm_backward_row(g_ptr + at, x_ptr + at, w, dx_ptr + at, dw, db, hidden, eps_f);
+        }
       }
     });
   }), at::kFloat, at::kBFloat16, at::kHalf);
   reduce_partials(dw_partials, chunks.count, hidden, grad_weight);
   reduce_partials(db_partials, chunks.count, hidden, grad_bias);
   return {grad_x, grad_weight, grad_bias};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_fused(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& bias, double eps, int64_t rows_per_task) {
+  check_backward_args(grad_y, x, weight, bias, rows_per_task,
+                      "fusionlab::layer_norm_cpu_backward_fused");
+  return layer_norm_backward(grad_y, x, weight, bias, eps, rows_per_task, nullptr, nullptr);
+}
+
+// The fused backward reading each row's mean and rstd (layer_norm_cpu_stats's outputs).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_saved(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& bias, const at::Tensor& mean, const at::Tensor& rstd,
+    int64_t rows_per_task) {
+  constexpr const char* kOp = "fusionlab::layer_norm_cpu_backward_saved";
+  check_backward_args(grad_y, x, weight, bias, rows_per_task, kOp);
+  const auto rows_shape = x.sizes().slice(0, x.dim() - 1);
+  for (const at::Tensor* stat : {&mean, &rstd}) {
+    TORCH_CHECK(stat->device().is_cpu() && stat->scalar_type() == at::kFloat &&
+                    stat->sizes() == rows_shape,
+                kOp, ": mean and rstd must be float32 of x's shape without its last dim, got ",
+                stat->scalar_type(), " ", stat->sizes());
+  }
+  return layer_norm_backward(grad_y, x, weight, bias, 0.0, rows_per_task, &mean, &rstd);
 }
 
 using torch::autograd::AutogradContext;
@@ -206,11 +256,72 @@ at::Tensor layer_norm_cpu_fused_grad_autograd(c10::DispatchKeySet keys, const at
                                            below);
 }
 
+using StatsSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view,
+    c10::string_view, int64_t);
+
+// layer_norm_cpu_stats (layernorm_cpu.cpp): y and each row's mean and r, which the backward reads.
+const auto& stats_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fusionlab::layer_norm_cpu_stats", "")
+                             .typed<StatsSignature>();
+  return op;
+}
+
+class LayerNormSavedStatsFunction
+    : public torch::autograd::Function<LayerNormSavedStatsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& weight, const at::Tensor& bias, double eps,
+                               int64_t rows_per_task, const std::string& store,
+                               const std::string& stats, int64_t row_group,
+                               c10::DispatchKeySet below) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, mean, rstd] = stats_op().redispatch(below, x, weight, bias, eps, rows_per_task,
+                                                 store, stats, row_group);
+    ctx->save_for_backward({x, weight, bias, mean, rstd});
+    ctx->mark_non_differentiable({mean, rstd});
+    ctx->saved_data["rows_per_task"] = rows_per_task;
+    return {y, mean, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::layer_norm_cpu_backward_saved", "")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                const at::Tensor&, const at::Tensor&, int64_t)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight, grad_bias] =
+        backward_op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
+                         ctx->saved_data["rows_per_task"].toInt());
+    return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_stats_autograd(
+    c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& bias, double eps, int64_t rows_per_task, c10::string_view store,
+    c10::string_view stats, int64_t row_group) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight, bias)) {
+    return stats_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
+                                 row_group);
+  }
+  const variable_list out = LayerNormSavedStatsFunction::apply(
+      x, weight, bias, eps, rows_per_task, std::string(store), std::string(stats), row_group,
+      below);
+  return {out[0], out[1], out[2]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("layer_norm_cpu_backward_fused(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, "
         "float eps, int rows_per_task) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_cpu_backward_saved(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, "
+        "Tensor mean, Tensor rstd, int rows_per_task) -> (Tensor, Tensor, Tensor)");
   m.def("layer_norm_cpu_fused_grad(Tensor x, Tensor weight, Tensor bias, float eps, "
         "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
         "-> Tensor");
@@ -218,9 +329,11 @@ TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("layer_norm_cpu_backward_fused", &layer_norm_cpu_backward_fused);
+  m.impl("layer_norm_cpu_backward_saved", &layer_norm_cpu_backward_saved);
   m.impl("layer_norm_cpu_fused_grad", &layer_norm_cpu_fused_grad);
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
   m.impl("layer_norm_cpu_fused_grad", &layer_norm_cpu_fused_grad_autograd);
+  m.impl("layer_norm_cpu_stats", &layer_norm_cpu_stats_autograd);
 }

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 
 namespace {
 
@@ -24,9 +25,10 @@ using namespace fusionlab_cpu;
 // one sweep over the columns that loads each block of weight and bias once for all kGroup rows
 // (with one row per sweep, those two loads per block of x bound the write). `next` is the first
 // row of the group processed after this one (or x itself): its rows are prefetched meanwhile.
+// saved_mean and saved_rstd, when not null, receive the kGroup rows' statistics (fp32).
 template <bool kStream, Stats kStats, int kGroup, typename T>
 void layer_norm_group(const T* x, int64_t stride, const T* next, const float* w, const float* b,
-                      T* y, int64_t n, float eps) {
+                      T* y, int64_t n, float eps, float* saved_mean, float* saved_rstd) {
   float mean[kGroup], rstd[kGroup];
   fVec vmean[kGroup], vrstd[kGroup];
   for (int k = 0; k < kGroup; ++k) {
@@ -34,6 +36,10 @@ void layer_norm_group(const T* x, int64_t stride, const T* next, const float* w,
     mean[k] = static_cast<float>(moments.mean);
     rstd[k] = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
     vmean[k] = fVec(mean[k]), vrstd[k] = fVec(rstd[k]);
+    if (saved_mean != nullptr) {
+      saved_mean[k] = mean[k];
+      saved_rstd[k] = rstd[k];
+    }
   }
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
@@ -58,22 +64,26 @@ void layer_norm_group(const T* x, int64_t stride, const T* next, const float* w,
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
 // threads (none for rows <= rows_per_task). Each task takes its rows kGroup at a time, and any
-// left over one by one.
+// left over one by one. mean and rstd: one float per row each, or both null.
 template <bool kStream, Stats kStats, int kGroup, typename T>
 void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const float* b, T* y,
-                     int64_t rows, int64_t hidden, float eps, int64_t rows_per_task) {
+                     int64_t rows, int64_t hidden, float eps, int64_t rows_per_task, float* mean,
+                     float* rstd) {
   at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
+    const auto at_row = [](float* stats, int64_t r) {
+      return stats == nullptr ? nullptr : stats + r;
+    };
     int64_t r = begin;
     for (; r + kGroup <= end; r += kGroup) {
       const T* group = x + r * x_row_stride;
       const T* next = r + 2 * kGroup <= end ? group + kGroup * x_row_stride : group;
       layer_norm_group<kStream, kStats, kGroup>(group, x_row_stride, next, w, b, y + r * hidden,
-                                                hidden, eps);
+                                                hidden, eps, at_row(mean, r), at_row(rstd, r));
     }
     for (; r < end; ++r) {
       const T* row = x + r * x_row_stride;
       layer_norm_group<kStream, kStats, 1>(row, x_row_stride, row, w, b, y + r * hidden, hidden,
-                                           eps);
+                                           eps, at_row(mean, r), at_row(rstd, r));
     }
     if constexpr (kStream) {
       stream_fence();
@@ -97,9 +107,12 @@ auto layer_norm_rows_for(bool stream, Stats stats, int64_t row_group) {
   return table[stream][stats == Stats::kShifted][row_group == kRowGroup];
 }
 
-at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                          double eps, int64_t rows_per_task, c10::string_view store,
-                          c10::string_view stats, int64_t row_group) {
+// The body of layer_norm_cpu and layer_norm_cpu_stats: checks the arguments and writes y
+// (allocated here) and, when `mean` and `rstd` are given, each row's statistics (fp32).
+at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                           double eps, int64_t rows_per_task, c10::string_view store,
+                           c10::string_view stats, int64_t row_group, at::Tensor* mean,
+                           at::Tensor* rstd) {
   const StoreKind store_kind = parse_store(store, "fusionlab::layer_norm_cpu");
   const Stats stats_kind = parse_stats(stats, "fusionlab::layer_norm_cpu");
   check_row_group(row_group, "fusionlab::layer_norm_cpu");
@@ -123,10 +136,17 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const a
 
   // Allocated without the dispatcher so a profiled call is a single op record.
   at::Tensor y(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  const bool save_stats = mean != nullptr;
+  if (save_stats) {
+    *mean = at::detail::empty_cpu(x.sizes().slice(0, x.dim() - 1), at::kFloat);
+    *rstd = at::detail::empty_cpu(x.sizes().slice(0, x.dim() - 1), at::kFloat);
+  }
   if (y.numel() == 0) {
     return y;
   }
   const int64_t rows = x.numel() / hidden;
+  float* mean_ptr = save_stats ? mean->mutable_data_ptr<float>() : nullptr;
+  float* rstd_ptr = save_stats ? rstd->mutable_data_ptr<float>() : nullptr;
   const std::optional<int64_t> row_stride = uniform_row_stride(x);
   const at::Tensor src = row_stride ? x : x.contiguous();
   const int64_t stride = row_stride.value_or(hidden);
@@ -142,9 +162,27 @@ at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const a
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
     layer_norm_rows_for<scalar_t>(stream, stats_kind, row_group)(
-        x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, rows_per_task);
+        x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, rows_per_task, mean_ptr, rstd_ptr);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
+}
+
+at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                          double eps, int64_t rows_per_task, c10::string_view store,
+                          c10::string_view stats, int64_t row_group) {
+  return layer_norm_into(x, weight, bias, eps, rows_per_task, store, stats, row_group, nullptr,
+                         nullptr);
+}
+
+// layer_norm_cpu's y (the same code path, bit for bit) and each row's mean and rstd in fp32,
+// shaped as x without its last dim: what the fused-saved backward reads instead of recomputing.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_stats(
+    const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps,
+    int64_t rows_per_task, c10::string_view store, c10::string_view stats, int64_t row_group) {
+  at::Tensor mean, rstd;
+  at::Tensor y = layer_norm_into(x, weight, bias, eps, rows_per_task, store, stats, row_group,
+                                 &mean, &rstd);
+  return {y, mean, rstd};
 }
 
 using torch::autograd::AutogradContext;
@@ -207,10 +245,14 @@ at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task, "
         "str store=\"auto\", str stats=\"welford\", int row_group=1) -> Tensor");
+  m.def("layer_norm_cpu_stats(Tensor x, Tensor weight, Tensor bias, float eps, "
+        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("layer_norm_cpu", &layer_norm_cpu);
+  m.impl("layer_norm_cpu_stats", &layer_norm_cpu_stats);
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {

@@ -5,8 +5,10 @@
 //   dx = r * g * w' - x * r^3 * mean(g * w' * x),    dweight = sum over rows of g * x * r.
 // Two passes per row, fp32 accumulation: pass 1 reads x and g once for both sums (sum of x^2
 // and sum of g * w' * x), pass 2 writes dx and adds g * x * r into the chunk's fp32 partial
-// dweight (norm_backward_partials.h). r is recomputed in pass 1 rather than saved by the forward:
-// pass 1 has to read x and g for the dot product anyway, so r costs one FMA per element there.
+// dweight (norm_backward_partials.h). r is recomputed in pass 1 (backward=fused): pass 1 has to
+// read x and g for the dot product anyway, so r costs one FMA per element there. Or the forward
+// saves it (backward=fused-saved: `fusionlab::rms_norm_cpu_stats`, whose autograd kernel is here)
+// and pass 1 sums the dot product alone.
 // "llama" casting's rounding of the normalised row is passed straight through, as autograd does.
 
 #include "cpu_norm_common.h"
@@ -25,9 +27,10 @@ namespace {
 
 using namespace fusionlab_cpu;
 
-template <typename T>
+// kSavedRstd: `saved_rstd` is the row's r, from the forward; else r is recomputed from x.
+template <bool kSavedRstd, typename T>
 void rms_norm_backward_row(const T* g, const T* x, const float* w, T* dx, float* dw, int64_t n,
-                           float eps) {
+                           float eps, float saved_rstd) {
   fVec sq0(0.f), sq1(0.f), dot0(0.f), dot1(0.f);
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
@@ -36,13 +39,15 @@ void rms_norm_backward_row(const T* g, const T* x, const float* w, T* dx, float*
     load_block(g + i, g_lo, g_hi);
     const fVec gw_lo = g_lo * fVec::loadu(w + i);
     const fVec gw_hi = g_hi * fVec::loadu(w + i + fVec::size());
-    sq0 = at::vec::fmadd(x_lo, x_lo, sq0);
-    sq1 = at::vec::fmadd(x_hi, x_hi, sq1);
+    if constexpr (!kSavedRstd) {
+      sq0 = at::vec::fmadd(x_lo, x_lo, sq0);
+      sq1 = at::vec::fmadd(x_hi, x_hi, sq1);
+    }
     dot0 = at::vec::fmadd(gw_lo, x_lo, dot0);
     dot1 = at::vec::fmadd(gw_hi, x_hi, dot1);
   }
   const auto add = [](const fVec& u, const fVec& v) { return u + v; };
-  float sum_sq = at::vec::vec_reduce_all<float>(add, sq0 + sq1);
+  float sum_sq = kSavedRstd ? 0.f : at::vec::vec_reduce_all<float>(add, sq0 + sq1);
   float dot = at::vec::vec_reduce_all<float>(add, dot0 + dot1);
   for (; i < n; ++i) {
     const float xv = static_cast<float>(x[i]);
@@ -50,7 +55,7 @@ void rms_norm_backward_row(const T* g, const T* x, const float* w, T* dx, float*
     dot += static_cast<float>(g[i]) * w[i] * xv;
   }
   const float inv_n = 1.f / static_cast<float>(n);
-  const float r = 1.f / std::sqrt(sum_sq * inv_n + eps);
+  const float r = kSavedRstd ? saved_rstd : 1.f / std::sqrt(sum_sq * inv_n + eps);
   const float c = r * r * r * dot * inv_n;
   const fVec vr(r), vc(c);
   i = 0;
@@ -89,10 +94,10 @@ void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at
   TORCH_CHECK(rows_per_task >= 1, op, ": rows_per_task must be >= 1, got ", rows_per_task);
 }
 
-std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_backward_fused(
+// The body of both backward ops: `rstd` (fp32, one per row of x) or null to recompute it.
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward(
     const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, double eps,
-    double offset, int64_t rows_per_task) {
-  check_backward_args(grad_y, x, weight, rows_per_task, "fusionlab::rms_norm_cpu_backward_fused");
+    double offset, int64_t rows_per_task, const at::Tensor* rstd) {
   const int64_t hidden = x.size(-1);
   at::Tensor grad_x(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
   at::Tensor grad_weight(at::detail::empty_cpu(weight.sizes(), weight.scalar_type()));
@@ -110,6 +115,8 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_backward_fused(
   const RowChunks chunks = plan_chunks(rows, rows_per_task);
   std::vector<float> partials(chunks.count * hidden, 0.f);
   const float eps_f = static_cast<float>(eps);
+  const at::Tensor rstd_in = rstd == nullptr ? at::Tensor() : rstd->contiguous();
+  const float* rstd_ptr = rstd == nullptr ? nullptr : rstd_in.const_data_ptr<float>();
   AT_DISPATCH_V2(x.scalar_type(), "rms_norm_cpu_backward_fused", AT_WRAP([&] {
     const scalar_t* x_ptr = x_in.const_data_ptr<scalar_t>();
     const scalar_t* g_ptr = g_in.const_data_ptr<scalar_t>();
@@ -117,13 +124,39 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_backward_fused(
     for_each_chunk(chunks, rows, [&](int64_t chunk, int64_t begin, int64_t end) {
       float* dw = partials.data() + chunk * hidden;
       for (int64_t r = begin; r < end; ++r) {
-        rms_norm_backward_row(g_ptr + r * hidden, x_ptr + r * hidden, w, dx_ptr + r * hidden, dw,
-                              hidden, eps_f);
+        const int64_t at = r * hidden;
+        if (rstd_ptr != nullptr) {
+          rms_norm_backward_row<true>(g_ptr + at, x_ptr + at, w, dx_ptr + at, dw, hidden, eps_f,
+                                      rstd_ptr[r]);
+        } else {
+          rms_norm_backward_row<false>(g_ptr + at, x_ptr + at, w, dx_ptr + at, dw, hidden, eps_f,
+                                       0.f);
+        }
       }
     });
   }), at::kFloat, at::kBFloat16, at::kHalf);
   reduce_partials(partials, chunks.count, hidden, grad_weight);
   return {grad_x, grad_weight};
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_backward_fused(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight, double eps,
+    double offset, int64_t rows_per_task) {
+  check_backward_args(grad_y, x, weight, rows_per_task, "fusionlab::rms_norm_cpu_backward_fused");
+  return rms_norm_backward(grad_y, x, weight, eps, offset, rows_per_task, nullptr);
+}
+
+// The fused backward reading each row's r from `rstd` (rms_norm_cpu_stats's second output).
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_backward_saved(
+    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+    const at::Tensor& rstd, double offset, int64_t rows_per_task) {
+  constexpr const char* kOp = "fusionlab::rms_norm_cpu_backward_saved";
+  check_backward_args(grad_y, x, weight, rows_per_task, kOp);
+  TORCH_CHECK(rstd.device().is_cpu() && rstd.scalar_type() == at::kFloat &&
+                  rstd.sizes() == x.sizes().slice(0, x.dim() - 1),
+              kOp, ": rstd must be float32 of x's shape without its last dim, got ",
+              rstd.scalar_type(), " ", rstd.sizes());
+  return rms_norm_backward(grad_y, x, weight, 0.0, offset, rows_per_task, &rstd);
 }
 
 using torch::autograd::AutogradContext;
@@ -188,10 +221,67 @@ at::Tensor rms_norm_cpu_fused_grad_autograd(c10::DispatchKeySet keys, const at::
                                          offset, std::string(store), below);
 }
 
+using StatsSignature = std::tuple<at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view, double,
+    c10::string_view);
+
+// rms_norm_cpu_stats (rmsnorm_cpu.cpp): y and each row's r, which the backward reads.
+const auto& stats_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fusionlab::rms_norm_cpu_stats", "")
+                             .typed<StatsSignature>();
+  return op;
+}
+
+class RMSNormSavedStatsFunction : public torch::autograd::Function<RMSNormSavedStatsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x,
+                               const at::Tensor& weight, double eps, int64_t rows_per_task,
+                               const std::string& casting, double offset,
+                               const std::string& store, c10::DispatchKeySet below) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [y, rstd] =
+        stats_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset, store);
+    ctx->save_for_backward({x, weight, rstd});
+    ctx->mark_non_differentiable({rstd});
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["rows_per_task"] = rows_per_task;
+    return {y, rstd};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto backward_op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("fusionlab::rms_norm_cpu_backward_saved", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                      const at::Tensor&, const at::Tensor&,
+                                                      double, int64_t)>();
+    const variable_list saved = ctx->get_saved_variables();
+    auto [grad_x, grad_weight] = backward_op.call(
+        grads[0], saved[0], saved[1], saved[2], ctx->saved_data["offset"].toDouble(),
+        ctx->saved_data["rows_per_task"].toInt());
+    return {grad_x, grad_weight, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_stats_autograd(
+    c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& weight, double eps,
+    int64_t rows_per_task, c10::string_view casting, double offset, c10::string_view store) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight)) {
+    return stats_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset, store);
+  }
+  const variable_list out = RMSNormSavedStatsFunction::apply(
+      x, weight, eps, rows_per_task, std::string(casting), offset, std::string(store), below);
+  return {out[0], out[1]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("rms_norm_cpu_backward_fused(Tensor grad_y, Tensor x, Tensor weight, float eps, "
+        "float offset, int rows_per_task) -> (Tensor, Tensor)");
+  m.def("rms_norm_cpu_backward_saved(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd, "
         "float offset, int rows_per_task) -> (Tensor, Tensor)");
   m.def("rms_norm_cpu_fused_grad(Tensor x, Tensor weight, float eps, int rows_per_task, "
         "str casting=\"none\", float offset=0.0, str store=\"auto\") -> Tensor");
@@ -199,9 +289,11 @@ TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("rms_norm_cpu_backward_fused", &rms_norm_cpu_backward_fused);
+  m.impl("rms_norm_cpu_backward_saved", &rms_norm_cpu_backward_saved);
   m.impl("rms_norm_cpu_fused_grad", &rms_norm_cpu_fused_grad);
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
   m.impl("rms_norm_cpu_fused_grad", &rms_norm_cpu_fused_grad_autograd);
+  m.impl("rms_norm_cpu_stats", &rms_norm_cpu_stats_autograd);
 }

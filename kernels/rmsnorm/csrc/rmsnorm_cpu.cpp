@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 
 namespace {
 
@@ -53,8 +54,10 @@ float fast_sum_sq(const T* x, int64_t n) {
 
 // x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
 // kTorchOrder sums the squares as ATen does (torch_order_sum.h), for a module's own numerics.
+// rstd, when not null, receives the row's 1 / rms (rms_norm_cpu_stats saves it for backward).
 template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename T>
-void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, float eps) {
+void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, float eps,
+                  float* rstd) {
   float sum_sq;
   if constexpr (kTorchOrder) {
     sum_sq = torch_order_sum_sq(x, n);
@@ -62,6 +65,9 @@ void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, 
     sum_sq = fast_sum_sq(x, n);
   }
   const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  if (rstd != nullptr) {
+    *rstd = inv_rms;
+  }
   const fVec vinv(inv_rms);
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {
@@ -86,15 +92,16 @@ void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, 
 }
 
 // rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
-// threads (none for rows <= rows_per_task).
+// threads (none for rows <= rows_per_task). rstd: one float per row, or null.
 template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename T>
 void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64_t rows,
-                   int64_t hidden, float eps, int64_t rows_per_task) {
+                   int64_t hidden, float eps, int64_t rows_per_task, float* rstd) {
   at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * x_row_stride;
       const T* next = r + 1 < end ? row + x_row_stride : row;
-      rms_norm_row<kStream, kRoundNormed, kTorchOrder>(row, next, w, y + r * hidden, hidden, eps);
+      rms_norm_row<kStream, kRoundNormed, kTorchOrder>(row, next, w, y + r * hidden, hidden, eps,
+                                                       rstd == nullptr ? nullptr : rstd + r);
     }
     if constexpr (kStream) {
       stream_fence();
@@ -102,9 +109,11 @@ void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64
   });
 }
 
-at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps,
-                        int64_t rows_per_task, c10::string_view casting, double offset,
-                        c10::string_view store) {
+// The body of rms_norm_cpu and rms_norm_cpu_stats: checks the arguments and writes y (allocated
+// here) and, when `rstd` is defined (fp32, one per row), each row's 1 / rms.
+at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps,
+                         int64_t rows_per_task, c10::string_view casting, double offset,
+                         c10::string_view store, at::Tensor* rstd) {
   const bool round_normed = rounds_normed(casting, "fusionlab::rms_norm_cpu");
   const StoreKind store_kind = parse_store(store, "fusionlab::rms_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
@@ -124,10 +133,14 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
 
   // Allocated without the dispatcher so a profiled call is a single op record.
   at::Tensor y(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  if (rstd != nullptr) {
+    *rstd = at::detail::empty_cpu(x.sizes().slice(0, x.dim() - 1), at::kFloat);
+  }
   if (y.numel() == 0) {
     return y;
   }
   const int64_t rows = x.numel() / hidden;
+  float* rstd_ptr = rstd == nullptr ? nullptr : rstd->mutable_data_ptr<float>();
 
   const std::optional<int64_t> row_stride = uniform_row_stride(x);
   const at::Tensor src = row_stride ? x : x.contiguous();
@@ -151,9 +164,25 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double ep
                   : rms_norm_rows<false, true, true, scalar_t>)
         : (stream ? rms_norm_rows<true, false, true, scalar_t>
                   : rms_norm_rows<false, false, true, scalar_t>);
-    rows_fn(x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task);
+    rows_fn(x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task, rstd_ptr);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
+}
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps,
+                        int64_t rows_per_task, c10::string_view casting, double offset,
+                        c10::string_view store) {
+  return rms_norm_into(x, weight, eps, rows_per_task, casting, offset, store, nullptr);
+}
+
+// rms_norm_cpu's y (the same code path, bit for bit) and each row's 1 / rms in fp32, shaped as
+// x without its last dim: what the fused-saved backward reads instead of recomputing it.
+std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_stats(
+    const at::Tensor& x, const at::Tensor& weight, double eps, int64_t rows_per_task,
+    c10::string_view casting, double offset, c10::string_view store) {
+  at::Tensor rstd;
+  at::Tensor y = rms_norm_into(x, weight, eps, rows_per_task, casting, offset, store, &rstd);
+  return {y, rstd};
 }
 
 using torch::autograd::AutogradContext;
@@ -217,10 +246,13 @@ at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task, "
         "str casting=\"none\", float offset=0.0, str store=\"auto\") -> Tensor");
+  m.def("rms_norm_cpu_stats(Tensor x, Tensor weight, float eps, int rows_per_task, "
+        "str casting=\"none\", float offset=0.0, str store=\"auto\") -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("rms_norm_cpu", &rms_norm_cpu);
+  m.impl("rms_norm_cpu_stats", &rms_norm_cpu_stats);
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
