@@ -260,11 +260,12 @@ def timed_and_checked(
     loop.kept.clear()
     if not inplace:
         check_sets_unchanged(m, count, "during timing")
-    altered = (probe.altered() if probe is not None and probe.index >= 0
-               and (loop.probed is not None or loop.altered_kept) else None)
-    if altered is not None and loop.probed is not None:
-        _check_probe(m, probe, altered, loop.probed)  # type: ignore[arg-type]
-    loop.probed = None  # before the memory rules: the harness holds no output but the kept
+    # The probe's call, copied: the memory rules below count who holds the kept outputs.
+    probed = _copy_outputs(loop.probed) if loop.probed is not None else None
+    loop.probed = None
+    # The float64 reference of the values the probe made, once for every call made on them.
+    altered = (m.spec.reference(probe.altered()) if probe is not None and probe.index >= 0
+               and (probed is not None or loop.altered_kept) else None)
     if m.memory_rules:
         for _, outputs in kept:
             check_not_retained(outputs)
@@ -274,25 +275,30 @@ def timed_and_checked(
         del held
     for number, (index, outputs) in enumerate(kept):
         # A variant that writes into its inputs: the reference of the copy taken before the call.
+        where = f"in timed call {number + 1}"
+        if number in loop.altered_kept:  # made on the probe's changed values
+            _check_probe(m, probe, altered, outputs, where)  # type: ignore[arg-type]
+            continue
         if inplace:
             references = m.spec.reference(loop.kept_inputs[number])  # type: ignore[arg-type]
-        elif number in loop.altered_kept:
-            references = m.spec.reference(altered)  # type: ignore[arg-type]
         else:
             references = m.sets.reference(index)
-        where = f"in timed call {number + 1}"
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
+    if altered is not None and probed is not None:  # last: what the rules above let through
+        _check_probe(m, probe, altered, probed, "in its first call after it")  # type: ignore[arg-type]
     return loop.timing
 
 
-def _check_probe(m: Measured, probe: Probe, altered: tuple[object, ...], out: object) -> None:
-    """The call made after the probe changed one value of its set must follow the new value."""
+def _check_probe(
+    m: Measured, probe: Probe, altered: tuple[torch.Tensor, ...], out: object, where: str
+) -> None:
+    """A call made after the probe changed one value of its set must follow the new value."""
     outputs = m.spec.as_outputs(out)
     try:
-        check_values(outputs, m.spec.reference(altered), m.spec, m.like, m.tolerance)
+        check_values(outputs, altered, m.spec, m.like, m.tolerance)
     except GateFailure as failure:
         when = (f"in the timing loop, after one value (flat index {probe.position}) of input set "
-                f"{probe.index} changed between two samples (same tensor, same address)")
+                f"{probe.index} changed between two samples (same tensor, same address), {where}")
         if _answers(m, outputs, m.sets.sets[probe.index]):
             raise GateFailure(Status.STALE_RESULT, f"refill probe: {when}, it gave the answer to "
                               f"the old values: {failure}") from None
