@@ -33,6 +33,10 @@ ROUND3_TESTS = "tests/test_gate_round3.py::"
 CHEAT = ROUND3_TESTS + "test_round_three_cheat_is_caught_and_never_wins"
 ROUND4_TESTS = "tests/test_gate_round4.py::"
 CHEAT4 = ROUND4_TESTS + "test_round_four_cheat_is_caught_with_the_rule_named"
+ROUND5_TESTS = "tests/test_gate_round5.py::"
+CHEAT5 = ROUND5_TESTS + "test_round_five_cheat_is_caught_with_the_rule_named"
+DISPATCHER5 = (ROUND5_TESTS + "test_a_kernel_registered_over_an_aten_op_is_caught_and_retires_the"
+               "_worker")
 
 
 @dataclass(frozen=True)
@@ -148,6 +152,20 @@ REMOVALS = (
             "if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:", "if False:",
             (ROUND3_TESTS + "test_an_audited_latency_much_slower_than_the_decided_one_is_"
              "inconsistent",)),
+    Removal("sealed dispatcher tables", "fusionlab/measure/integrity.py",
+            "        if _TABLES.get(name) != table:", "        if False:",
+            (DISPATCHER5 + "[r5-aten-compare-always-within]",
+             DISPATCHER5 + "[r5-aten-slow-builtin]")),
+    Removal("input checksum with secret per-position weights", "fusionlab/measure/inputs.py",
+            "weighted = torch.mul(flat, _weights(flat.numel()))", "weighted = flat",
+            (CHEAT5 + "[r5-ulp-tagged-cache-expected2]",)),
+    Removal("refill probe inside the timing loop", "fusionlab/measure/timing.py",
+            "probe.alter(position % sets)", "pass",
+            (CHEAT5 + "[r5-sampled-key-cache-expected1]",)),
+    Removal("an audit disturbed in every attempt: unjudged", "fusionlab/measure/audit.py",
+            "        if busy:\n", "        if False:\n",
+            (ROUND5_TESTS + "test_an_audit_disturbed_in_every_attempt_leaves_an_honest_contender"
+             "_unjudged",)),
     Removal("a contender that fails its re-measurement is recorded failed", "search/runner.py",
             "        if dropped:", "        if False:",
             (ROUND3_TESTS + "test_a_contender_that_fails_its_re_measurement_never_wins_and_"

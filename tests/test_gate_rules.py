@@ -16,6 +16,7 @@ from conftest import PLUGINS, cpu_cell
 
 from fusionlab.devices import get_device
 from fusionlab.measure import quiet_limits, trial
+from fusionlab.measure.correctness import GateFailure
 from fusionlab.measure.disturbance import BUSY_NOTE
 from fusionlab.measure.limits import SLACK, LimitsCache, size_class
 from fusionlab.measure.timing import TimingSettings
@@ -40,6 +41,19 @@ def _in_worker(variant: str, timeout_s: float) -> TrialRecord:
     task = TrialTask(cpu_cell("rmsnorm", RMS_SHAPE), variant, {}, seed=11, timing=FAST)
     with TrialWorker([PLUGIN]) as worker:
         return TrialRecord.from_dict(worker.run(task, timeout_s))
+
+
+def _refilled(variant: str) -> TrialRecord:
+    """The refill check after the loops alone, on a kernel built and gated by its first call
+    (in a trial the refill probe inside the timing loop, measure/probe.py, comes first)."""
+    task = TrialTask(cpu_cell("rmsnorm", RMS_SHAPE), variant, {}, seed=11, timing=FAST)
+    record = task.new_record(Status.PASSED)
+    measured, *_ = trial.build_and_gate(task.cell, variant, {}, task.seed)
+    try:
+        trial.check_follows_new_values(measured)
+    except GateFailure as failure:
+        record.status, record.message = failure.status, str(failure)
+    return record
 
 
 def _assert_status(record: TrialRecord, status: Status, *phrases: str) -> None:
@@ -123,20 +137,22 @@ def test_one_buffer_handed_out_on_every_call_is_reused_memory() -> None:
 
 
 def test_a_result_cached_by_input_address_is_stale() -> None:
-    record = _trial("rb-cache-by-pointer")
+    record = _refilled("rb-cache-by-pointer")
     _assert_status(record, Status.STALE_RESULT, "changed in place", "answer to the old values")
+    in_loop = _trial("rb-cache-by-pointer")  # a whole trial: the probe inside the loop finds it
+    _assert_status(in_loop, Status.STALE_RESULT, "answer to the old values")
 
 
 def test_a_result_cached_by_its_first_values_is_stale_after_one_far_value_changes() -> None:
     """Every value changed at once is a new key for it: only the one-element change finds it."""
-    record = _trial("rb-cache-by-head")
+    record = _refilled("rb-cache-by-head")
     _assert_status(record, Status.STALE_RESULT, "after one value (flat index",
                    "answer to the old values")
 
 
 def test_a_wrong_answer_after_an_in_place_change_that_is_not_the_old_one_is_incorrect() -> None:
     """Only the old answer is stale: other wrong values after the change are `incorrect`."""
-    record = _trial("rb-garbage-after-refill")
+    record = _refilled("rb-garbage-after-refill")
     _assert_status(record, Status.INCORRECT, "after all its input values changed in place")
 
 

@@ -5,7 +5,9 @@ It applies everything a search trial applies, and more: outputs read right after
 returns (a plain dense tensor, its values, not still held by the variant), a timing loop whose
 every sample is checked at a call drawn after the calls returned, every input set checksummed,
 the refill rule, the copy-bandwidth rule (on every re-measurement round too) and the profiler
-rule. An audited latency much slower than the latency the decision used is `inconsistent`.
+rule. An audited latency much slower than the latency the decision used is `inconsistent`,
+unless other processes disturbed every audited timing of it (measure/disturbance.py): then it is
+`unjudged` (it cannot win, and it is not accused: a busy machine only slows a variant down).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import statistics
 from contextlib import nullcontext
 from typing import Any
 
+from fusionlab.measure import disturbance
 from fusionlab.measure.correctness import (
     GateFailure,
     check_not_retained,
@@ -72,15 +75,19 @@ def audit(
     out_bytes = max(m.like.numel() * m.like.element_size(), 1)
     checked = min(settings.max_samples, max(settings.checked_calls, HELD_BYTES // out_bytes))
     every = dataclasses.replace(settings, checked_calls=checked)
+    watch = disturbance.Watch()
     timing = timed_and_checked(fresh, count, every, cold=mode == "cold")
+    windows = [watch.stop()]
     for retry in range(RETRIES):
         if not decided_ms or timing.min_ms <= INCONSISTENT_RATIO * decided_ms:
             break
         # As the copy limit is: once more as it ran, once on one thread (a parallel op stalls
         # when another process holds a core), keeping the faster.
+        watch = disturbance.Watch()
         with serial() if retry else nullcontext():
             on = dataclasses.replace(fresh, threads=1) if retry else fresh  # the cell's threads
             again = timed_and_checked(on, count, every, cold=mode == "cold")
+        windows.append(watch.stop())
         timing = min(timing, again, key=lambda t: t.min_ms)
     check_follows_new_values(fresh)
     bytes_moved = m.spec.bytes_moved(sets.shape, sets.dtype)
@@ -90,13 +97,25 @@ def audit(
     prof = profile_calls(lambda: fresh.kernel(*first), m.device, PROFILE)
     check_device_work(fusion_accounting(prof, m.device), prof, fresh)
     if decided_ms and timing.min_ms > INCONSISTENT_RATIO * decided_ms:
-        raise GateFailure(
-            Status.INCONSISTENT,
-            f"audited at {timing.min_ms:.4g} ms at best, {timing.min_ms / decided_ms:.1f}x the "
-            f"{decided_ms:.4g} ms its decision used (flagged above {INCONSISTENT_RATIO:g}x): it "
-            "did less work when it was measured for the decision",
-        )
+        slower = (f"audited at {timing.min_ms:.4g} ms at best, {timing.min_ms / decided_ms:.1f}x "
+                  f"the {decided_ms:.4g} ms its decision used (flagged above "
+                  f"{INCONSISTENT_RATIO:g}x)")
+        busy = _all_disturbed(windows)
+        if busy:
+            raise GateFailure(Status.UNJUDGED, f"not judged: {slower}, but {busy}")
+        raise GateFailure(Status.INCONSISTENT,
+                          f"{slower}: it did less work when it was measured for the decision")
     return timing
+
+
+def _all_disturbed(windows: list[disturbance.Disturbance | None]) -> str | None:
+    """What disturbed every audited timing, or None when one of them was quiet (or unknown)."""
+    if not windows or any(seen is None or not seen.disturbed for seen in windows):
+        return None
+    shares = [seen.other_share for seen in windows if seen is not None]
+    return (f"other processes disturbed all {len(windows)} of its audited timings (they used "
+            f"{min(shares):.0%}-{max(shares):.0%} of the cores, flagged above "
+            f"{disturbance.BUSY_SHARE:.0%}): a busy machine only slows a variant down")
 
 
 def _read_right_after_return(m: Measured) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fusionlab.measure.timing import draw
 from fusionlab.op import Inputs, OpSpec, Shape
 
 WARM_SETS = 2
@@ -40,14 +41,31 @@ def serial() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+# Secret per-position weights, by element count: odd 63-bit integers drawn from the entropy the
+# measuring path bound at import (`timing.draw`), never from torch's generator a variant can seed.
+_WEIGHTS: dict[int, torch.Tensor] = {}
+
+
+def _weights(count: int) -> torch.Tensor:
+    """The checksum's secret weight of each of `count` positions (made once per count)."""
+    if count not in _WEIGHTS:
+        generator = torch.Generator().manual_seed(draw(2**63))
+        drawn = torch.randint(-(2**62), 2**62, (count,), dtype=torch.int64, generator=generator)
+        _WEIGHTS[count] = drawn * 2 + 1
+    return _WEIGHTS[count]
+
+
 def _checksum(inputs: Inputs) -> list[int]:
-    """The sum of every input's bit patterns: any changed element changes it, and it reads each
-    byte once with no float64 copy (every set of a cold rotation is checksummed)."""
+    """Every input's bit patterns weighted by secret per-position weights, summed (modulo 2^64):
+    a change of the values, a +1/-1 ulp pair or a swap of two elements included, keeps it only
+    by chance (about 2^-64), since no variant knows the weights; one pass with no float64 copy
+    (every set of a cold rotation is checksummed)."""
     sums = []
     with serial():
         for tensor in tensors_in(inputs):
             flat = tensor.detach().reshape(-1).view(_BITS[tensor.element_size()])
-            sums.append(int(flat.sum(dtype=torch.int64)))
+            weighted = torch.mul(flat, _weights(flat.numel()))
+            sums.append(int(weighted.sum(dtype=torch.int64)))
     return sums
 
 

@@ -28,10 +28,12 @@ from os import times as _kernel_times
 from os import urandom as _urandom
 from time import perf_counter_ns as _clock_ns
 from time import thread_time_ns as _thread_cpu_ns
+from typing import Protocol
 
 from torch import get_num_threads as _torch_threads
 
 from fusionlab.measure import events
+from fusionlab.measure.integrity import dispatcher_changed as _dispatcher_changed
 from fusionlab.measure.integrity import replaced as _replaced
 from fusionlab.measure.stats import coefficient_of_variation, summarise
 from fusionlab.records import Timing
@@ -68,7 +70,7 @@ _TIME_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", 
 _ORIGINAL = {name: getattr(time, name) for name in _TIME_CLOCKS}
 _BOUND = {"_clock_ns": _clock_ns, "_kernel_times": _kernel_times, "_urandom": _urandom,
           "_replaced": _replaced, "_torch_threads": _torch_threads,
-          "_thread_cpu_ns": _thread_cpu_ns}
+          "_thread_cpu_ns": _thread_cpu_ns, "_dispatcher_changed": _dispatcher_changed}
 
 
 def clock_tampering() -> str | None:
@@ -86,6 +88,17 @@ def clock_tampering() -> str | None:
     if name is not None:
         return f"{name} was replaced in the measuring process"
     return None
+
+
+def dispatcher_tampering() -> str | None:
+    """Why the dispatcher can no longer be trusted in this process (an ATen op's kernel table
+    changed since the seal, measure/integrity.py), or None."""
+    op = _dispatcher_changed()
+    if op is None:
+        return None
+    return (f"sealed dispatcher table: the kernel table of {op} changed in the measuring process "
+            "(a kernel registered over it): the gate's checks, the references and the built-in "
+            "run on it")
 
 
 def now_s() -> float:
@@ -130,7 +143,8 @@ class TimedLoop:
     loop's wall time by the measuring clock and by the kernel's clock (`os.times`), the CPU time
     the process used meanwhile, the cell's thread count (0: not checked), the samples after which
     torch's thread count was not the cell's, what the audit hook saw (measure/events.py), and the
-    untimed gaps between timed windows (`gaps`)."""
+    untimed gaps between timed windows (`gaps`), and the refill probe's call (`probed`: its
+    output; `altered_kept`: the numbers of kept calls made on the probe's changed values)."""
 
     timing: Timing
     kept: list[tuple[int, object]]
@@ -142,12 +156,14 @@ class TimedLoop:
     events: list[str] = field(default_factory=list)
     kept_inputs: list[object] = field(default_factory=list)
     gaps: Gaps | None = None
+    probed: object = None
+    altered_kept: list[int] = field(default_factory=list)
 
     def reason(self) -> str | None:
         """Why the loop cannot be trusted (clocks, what the variant did, its threads, work in the
         untimed gaps), or None."""
-        return (self.clock_reason() or self.events_reason() or self.threads_reason()
-                or (self.gaps.reason() if self.gaps else None))
+        return (self.clock_reason() or dispatcher_tampering() or self.events_reason()
+                or self.threads_reason() or (self.gaps.reason() if self.gaps else None))
 
     def events_reason(self) -> str | None:
         """What the variant did while measured that the gate cannot account for, or None."""
@@ -243,6 +259,14 @@ class Gaps:
                 f"(flagged above {allowed:.3g} s): the variant worked outside the timed windows")
 
 
+class Alteration(Protocol):
+    """The refill probe (measure/probe.py): changes a value of an input set, and restores it."""
+
+    def alter(self, index: int) -> None: ...
+
+    def restore(self) -> None: ...
+
+
 def _median(values: list[int]) -> float:
     return float(sorted(values)[len(values) // 2])
 
@@ -258,6 +282,7 @@ def time_calls(
     time_one: Callable[[Callable[[], object]], tuple[object, float]] | None = None,
     working_set_bytes: int = 0,
     threads: int = 0,
+    probe: Alteration | None = None,
 ) -> TimedLoop:
     """Warm up, then take synchronised samples, each long enough for the clock's resolution.
 
@@ -274,12 +299,14 @@ def time_calls(
     With `threads` (the cell's thread count), torch's thread count is read after every sample
     and the loop's CPU time is kept for the threads rule. The untimed gaps between windows are
     measured against the harness's own measured cost of them (`Gaps`, not on the flush path,
-    whose device clock times the calls). The whole loop runs under the audit hook's watch
-    (measure/events.py).
+    whose device clock times the calls). With `probe` (not in place, not flushed), after a
+    sample drawn at the start (a local no variant reaches) an input value of the next sample's
+    set is changed, untimed, that sample's first call kept (`TimedLoop.probed`), and the value
+    restored after it. The whole loop runs under the audit hook's watch (measure/events.py).
     """
     with events.watching() as seen:
         loop = _loop(call, sets, synchronize, settings, snapshot, keep_copy, flush, time_one,
-                     working_set_bytes, threads)
+                     working_set_bytes, threads, probe)
     loop.events = seen
     return loop
 
@@ -304,6 +331,7 @@ def _loop(
     time_one: Callable[[Callable[[], object]], tuple[object, float]] | None,
     working_set_bytes: int,
     threads: int,
+    probe: Alteration | None,
 ) -> TimedLoop:
     """time_calls' loop; see there."""
     kernel_start, clock_start = _kernel_times(), _clock_ns()
@@ -325,6 +353,8 @@ def _loop(
             calls_per_sample if inplace else 1)
     samples_ms: list[float] = []
     loop = TimedLoop(_timing([0.0], 1, sets, 0), [], threads=threads, gaps=gaps)
+    probing = probe is not None and not inplace and flush is None and count > 1
+    probed_after = draw(count - 1) if probing else -2
     position = 0
     for number in range(count + 1):
         if threads and _torch_threads() != threads:  # after warm-up and after every sample
@@ -338,8 +368,13 @@ def _loop(
             samples_ms.append(_inplace_sample(call, sets, synchronize, position, plan,
                                               snapshot, keep_copy, states, loop))  # type: ignore[arg-type]
         else:
-            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop))
+            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop,
+                                      number == probed_after + 1))
         position += calls_per_sample
+        if probe is not None and number == probed_after:
+            probe.alter(position % sets)  # untimed, after the fact: the next sample's set
+        elif probe is not None and number == probed_after + 1:
+            probe.restore()
     loop.timing = _timing(samples_ms, calls_per_sample, sets, working_set_bytes)
     loop.clock_s = (_clock_ns() - clock_start) * 1e-9
     end = _kernel_times()
@@ -356,10 +391,12 @@ def _drawn(count: int, checked: int) -> bool:
 
 
 def _sample(call: Call, sets: int, synchronize: Callable[[], None], position: int, plan: _Plan,
-            loop: TimedLoop) -> float:
+            loop: TimedLoop, probed: bool = False) -> float:
     """One sample of calls in one timed window; returns ms per call. Whether it is checked, and
     which call, is drawn once all its calls returned (both draws for every sample); the outputs
-    not kept are let go inside the window (what freeing them runs is timed)."""
+    not kept are let go inside the window (what freeing them runs is timed). `probed`: the
+    sample after the refill probe changed its first set: its first call is kept as the probe's,
+    and a checked call on that set is marked as made on the changed values."""
     gaps: Gaps = loop.gaps  # type: ignore[assignment]
     outputs: list[object] = [None] * plan.calls_per_sample
     synchronize()
@@ -368,7 +405,11 @@ def _sample(call: Call, sets: int, synchronize: Callable[[], None], position: in
         outputs[offset] = call((position + offset) % sets)
     checked, at = _drawn(plan.count, plan.checked), draw(plan.calls_per_sample)
     if checked:
+        if probed and (position + at) % sets == position % sets:
+            loop.altered_kept.append(len(loop.kept))
         loop.kept.append(((position + at) % sets, outputs[at]))
+    if probed:
+        loop.probed = outputs[0]
     outputs.clear()
     synchronize()
     return (gaps.close() - start) * 1e-6 / plan.calls_per_sample

@@ -28,6 +28,7 @@ from fusionlab.measure.inputs import WARM_SETS, InputCache, InputSets, tensors_i
 from fusionlab.measure.limits import LimitsCache, measure_copy_limits, suspicious_reason
 from fusionlab.measure.pass_memory import pass_memory
 from fusionlab.measure.passes import PassCall, as_pass, pass_spec, unsupported_reason
+from fusionlab.measure.probe import Probe
 from fusionlab.measure.profiling import (
     ProfilerSettings,
     export_trace,
@@ -37,7 +38,14 @@ from fusionlab.measure.profiling import (
     profile_calls,
 )
 from fusionlab.measure.screen import Screen
-from fusionlab.measure.timing import TimingSettings, draw, now_s, time_calls, timed_once
+from fusionlab.measure.timing import (
+    TimingSettings,
+    dispatcher_tampering,
+    draw,
+    now_s,
+    time_calls,
+    timed_once,
+)
 from fusionlab.op import OpSpec, Tolerance
 from fusionlab.records import Accuracy, CopyLimits, Fusion, Status, Timing, TrialRecord
 from fusionlab.registry import Kernel, Variant, get_op, get_variant
@@ -116,6 +124,9 @@ def run_trial(task: TrialTask) -> TrialRecord:
     except Exception as error:
         record.status, record.message = Status.RUNTIME_ERROR, describe(error)
         traceback.print_exc(file=sys.stderr)
+    tampered = dispatcher_tampering() if record.passed else None
+    if tampered:  # after the loops (the refill, the profiler pass): the worker retires
+        record.status, record.message = Status.SUSPICIOUS, tampered
     after = _compile_counts()
     record.compiles = {k: after.get(k, 0) - compiles_before.get(k, 0) for k in _COMPILE_COUNTERS}
     if not record.passed:
@@ -219,13 +230,15 @@ def timed_and_checked(
     """The timing loop over `count` input sets, gated: the clock cross-check, what the variant
     did while measured (audit hook, replaced code, threads beyond the cell's), every input set
     unchanged before and after, and the kept timed calls through the whole gate (fresh memory
-    the variant no longer holds, then values)."""
+    the variant no longer holds, then values), the refill probe's call (measure/probe.py)
+    included."""
     m.sets.ensure(count)
     args = m.sets.sets[:count]
     inplace = bool(m.variant.inplace)
     if not inplace:
         check_sets_unchanged(m, count, "before timing")
     m.prepare(count)
+    probe = Probe(args) if m.memory_rules else None
     loop = time_calls(
         lambda i: m.kernel(*args[i]),
         count,
@@ -237,6 +250,7 @@ def timed_and_checked(
         time_one=m.device.time_one,
         working_set_bytes=count * m.sets.bytes_per_set,
         threads=m.threads if m.device.type == "cpu" else 0,
+        probe=probe,
     )
     reason = loop.reason()
     if reason:
@@ -246,6 +260,12 @@ def timed_and_checked(
     loop.kept.clear()
     if not inplace:
         check_sets_unchanged(m, count, "during timing")
+    # The probe's call, copied: the memory rules below count who holds the kept outputs.
+    probed = _copy_outputs(loop.probed) if loop.probed is not None else None
+    loop.probed = None
+    # The float64 reference of the values the probe made, once for every call made on them.
+    altered = (m.spec.reference(probe.altered()) if probe is not None and probe.index >= 0
+               and (probed is not None or loop.altered_kept) else None)
     if m.memory_rules:
         for _, outputs in kept:
             check_not_retained(outputs)
@@ -255,11 +275,34 @@ def timed_and_checked(
         del held
     for number, (index, outputs) in enumerate(kept):
         # A variant that writes into its inputs: the reference of the copy taken before the call.
-        references = (m.spec.reference(loop.kept_inputs[number]) if inplace  # type: ignore[arg-type]
-                      else m.sets.reference(index))
         where = f"in timed call {number + 1}"
+        if number in loop.altered_kept:  # made on the probe's changed values
+            _check_probe(m, probe, altered, outputs, where)  # type: ignore[arg-type]
+            continue
+        if inplace:
+            references = m.spec.reference(loop.kept_inputs[number])  # type: ignore[arg-type]
+        else:
+            references = m.sets.reference(index)
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
+    if altered is not None and probed is not None:  # last: what the rules above let through
+        _check_probe(m, probe, altered, probed, "in its first call after it")  # type: ignore[arg-type]
     return loop.timing
+
+
+def _check_probe(
+    m: Measured, probe: Probe, altered: tuple[torch.Tensor, ...], out: object, where: str
+) -> None:
+    """A call made after the probe changed one value of its set must follow the new value."""
+    outputs = m.spec.as_outputs(out)
+    try:
+        check_values(outputs, altered, m.spec, m.like, m.tolerance)
+    except GateFailure as failure:
+        when = (f"in the timing loop, after one value (flat index {probe.position}) of input set "
+                f"{probe.index} changed between two samples (same tensor, same address), {where}")
+        if _answers(m, outputs, m.sets.sets[probe.index]):
+            raise GateFailure(Status.STALE_RESULT, f"refill probe: {when}, it gave the answer to "
+                              f"the old values: {failure}") from None
+        raise GateFailure(Status.INCORRECT, f"refill probe: {when}: {failure}") from None
 
 
 def check_sets_unchanged(m: Measured, count: int, when: str) -> None:

@@ -47,7 +47,7 @@ def _serve(
         load_plugin(path)
     for module in modules:
         ensure_variant_module(module)
-    from fusionlab.measure.timing import clock_tampering
+    from fusionlab.measure.timing import clock_tampering, dispatcher_tampering
 
     conn.send("ready")
     while True:
@@ -55,10 +55,11 @@ def _serve(
         if task is None:
             return
         result = task.run()
-        # A variant replaced a clock or part of the gate, or left torch on other threads: this
-        # process can time nothing more; the parent replaces it.
-        retire = (clock_tampering() is not None or events.tampered() is not None
-                  or torch.get_num_threads() != cell_threads)
+        # A variant replaced a clock or part of the gate, registered a kernel over an ATen op
+        # the gate uses, or left torch on other threads: this process can time nothing more
+        # (no honest variant is judged by it); the parent replaces it.
+        retire = (clock_tampering() is not None or dispatcher_tampering() is not None
+                  or events.tampered() is not None or torch.get_num_threads() != cell_threads)
         conn.send((result, retire))
         if retire:
             return
@@ -122,6 +123,11 @@ class TrialWorker:
             raise RuntimeError(f"the worker process did not start; see {self.log_path}")
         self._process, self._conn = process, parent
         return parent
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id while one runs (a retired worker's successor has another)."""
+        return self._process.pid if self._process is not None else None
 
     def run(self, task: Task, timeout_s: float) -> dict[str, Any]:
         """Run one task; a hang becomes TIMEOUT and a dead worker CRASHED."""

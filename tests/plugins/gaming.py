@@ -12,12 +12,14 @@ from fusionlab import register_variant
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 
 CPU = ("cpu",)
-# principle -> (variant, the status it must earn)
+# principle -> (variant, the status it must earn, or the statuses it may earn)
 EXPECTED = {
     "timed outputs are checked": [
         ("game-skip-after-first", "incorrect"),
         ("game-every-third-call", "incorrect"),
-        ("game-first-row-only", "incorrect"),
+        # Its rows after the first are the first call's: where only set 0's calls were checked,
+        # the refill probe inside the loop (one value changed in a later row) gets the old answer.
+        ("game-first-row-only", ("incorrect", "stale_result")),
     ],
     "fresh memory on every call": [
         ("game-static-buffer", "reused_memory"),

@@ -23,14 +23,20 @@ _KEPT_LIBRARIES: list[torch.library.Library] = []
 
 # variant -> (the statuses it earns, a word its message must hold): the cheats the gate catches.
 CAUGHT: dict[str, tuple[tuple[str, ...], str]] = {
-    "r5-ulp-tagged-cache-kept": (("stale_result",), "it gave the answer to the old values"),
-    "r5-cache-all-but-the-first-set": (("stale_result",), "audit: after all its input values"),
+    "r5-ulp-tagged-cache-kept": (("incorrect",), "changed during timing"),
+    "r5-cache-all-but-the-first-set": (("stale_result",), "it gave the answer to the old values"),
+    "r5-ulp-tagged-cache": (("incorrect",), "changed during timing"),
+    "r5-sampled-key-cache": (("stale_result",), "refill probe: in the timing loop"),
 }
-# variants the gate did not catch (docs/gate.md, "Red team, round five: what got through").
-NOT_CAUGHT = ("r5-aten-compare-always-within", "r5-aten-slow-builtin", "r5-ulp-tagged-cache")
-# Caught itself, but honest variants measured after it in its process are accused: it is run in
-# a process of its own.
-SABOTEUR = ("r5-swap-pair-in-shared-sets", ("incorrect",), "exceeds atol")
+# variant -> the ATen op it registers a kernel over (one the gate uses): caught since round
+# five's fixes, `suspicious` with the op named, and the worker retires.
+DISPATCHER: dict[str, str] = {
+    "r5-aten-compare-always-within": "aten::gt.Tensor",
+    "r5-aten-slow-builtin": "aten::_fused_rms_norm",
+}
+# Caught itself; before round five's fixes honest variants measured after it in its process
+# were accused: it is run in a process of its own.
+SABOTEUR = ("r5-swap-pair-in-shared-sets", ("incorrect",), "changed during timing")
 HONEST = "r5-honest-pow-chain"
 
 
@@ -159,6 +165,38 @@ def ulp_tagged_cache_kept(device_type: str):
     `trial.check_follows_new_values`) gets the answer to the values before it (stale_result).
     A tag on two elements cannot see the other elements change."""
     return _tagged_cache(dodge_refill=False)
+
+
+@register_variant("rmsnorm", "r5-sampled-key-cache", devices=CPU)
+def sampled_key_cache(device_type: str):
+    """Hands back a clone of the answer it computed for the same input tensor, as long as the
+    tensor's first and last elements hold the values they had then; it writes no input. Once
+    it sees those values change (the refill check after the loops), it computes every answer
+    for the rest of the build, so the refill's probes get honest answers. Exploits: before
+    round five's fixes nothing changed a set's values inside a timing loop; the refill check
+    (`trial.check_follows_new_values`, also in the audit) runs after the loops. Caught by the
+    refill probe inside the loop (measure/probe.py): one value at a drawn place changes, the
+    sampled elements do not, and the cache answers for the old values (`stale_result`)."""
+    cache: dict[int, tuple[float, float, torch.Tensor]] = {}
+    honest = [False]
+
+    def kernel(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if honest[0] or not x.is_contiguous() or x.numel() < 2:
+            return naive_rmsnorm(x, weight, eps)
+        flat = x.data.view(-1)
+        key = (float(flat[0]), float(flat[-1]))
+        seen = cache.get(x.data_ptr())
+        if seen is not None and seen[:2] == key:
+            return seen[2].clone()
+        if seen is not None:
+            honest[0] = True  # the gate is refilling: from now on every answer is computed
+            cache.clear()
+            return naive_rmsnorm(x, weight, eps)
+        answer = naive_rmsnorm(x, weight, eps)
+        cache[x.data_ptr()] = (*key, answer)
+        return answer.clone()
+
+    return kernel
 
 
 @register_variant("rmsnorm", "r5-cache-all-but-the-first-set", devices=CPU)
