@@ -78,6 +78,9 @@ class OpSpec:
     # autograd gradients the gradient gate compares against.
     grad_inputs: tuple[str, ...] = ()
     grad_reference: Callable[[Inputs], tuple[torch.Tensor, ...]] | None = None
+    # Each row of every output depends only on that row of the inputs shaped like the first
+    # (a norm over the last dim): the gate may then recompute one row's reference, not all.
+    rowwise: bool = False
 
     def as_outputs(self, result: object) -> tuple[object, ...]:
         """A kernel's return value as a tuple in `outputs` order (not yet checked)."""

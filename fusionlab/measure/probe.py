@@ -11,11 +11,13 @@ variants that write no input (their sets stay as generated) and not on the flush
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from fusionlab.measure.inputs import tensors_in
 from fusionlab.measure.timing import draw
-from fusionlab.op import Inputs
+from fusionlab.op import Inputs, OpSpec
 
 
 class Probe:
@@ -52,3 +54,27 @@ class Probe:
         flat = tensors_in(copied)[0].view(-1)
         flat[self.position] = self._old * -2 + 1  # type: ignore[operator]
         return copied
+
+    def reference(self, spec: OpSpec,
+                  base: Callable[[int], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+        """The float64 reference of the changed set. For a row-wise op (`OpSpec.rowwise`) the
+        set's own reference (`base(index)`, cached by the input sets) with the changed row
+        recomputed: one row's work instead of the whole set's; otherwise computed whole."""
+        x = tensors_in(self._sets[self.index])[0]
+        if not spec.rowwise or x.dim() < 2:
+            return spec.reference(self.altered())
+        hidden = x.shape[-1]
+        row = self.position // hidden
+        inputs = tuple(t.reshape(-1, hidden)[row:row + 1].clone()
+                       if isinstance(t, torch.Tensor) and t.shape == x.shape else t
+                       for t in self._sets[self.index])
+        tensors_in(inputs)[0].view(-1)[self.position % hidden] = self._old * -2 + 1  # type: ignore[operator]
+        whole = base(self.index)
+        if any(out.shape != x.shape for out in whole):
+            return spec.reference(self.altered())
+        outputs = []
+        for out, new_row in zip(whole, spec.reference(inputs), strict=True):
+            out = out.clone()
+            out.view(-1, hidden)[row] = new_row.reshape(hidden)
+            outputs.append(out)
+        return tuple(outputs)

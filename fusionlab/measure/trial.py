@@ -264,8 +264,8 @@ def timed_and_checked(
     probed = _copy_outputs(loop.probed) if loop.probed is not None else None
     loop.probed = None
     # The float64 reference of the values the probe made, once for every call made on them.
-    altered = (m.spec.reference(probe.altered()) if probe is not None and probe.index >= 0
-               and (probed is not None or loop.altered_kept) else None)
+    altered = (probe.reference(m.spec, m.sets.reference) if probe is not None
+               and probe.index >= 0 and (probed is not None or loop.altered_kept) else None)
     if m.memory_rules:
         for _, outputs in kept:
             check_not_retained(outputs)

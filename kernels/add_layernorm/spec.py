@@ -61,6 +61,7 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 ADD_LAYERNORM = register_op(
     OpSpec(
         name="add_layernorm",
+        rowwise=True,
         description="residual add fused with LayerNorm: (layernorm(x + residual), x + residual)",
         inputs=("x", "residual", "weight", "bias", "eps"),
         outputs=("y", "residual_out"),

@@ -74,6 +74,7 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 ADD_RMSNORM = register_op(
     OpSpec(
         name="add_rmsnorm",
+        rowwise=True,
         description="residual add fused with RMSNorm: (rmsnorm(x + residual), x + residual)",
         inputs=("x", "residual", "weight", "eps"),
         outputs=("y", "residual_out"),

@@ -59,6 +59,7 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 LAYERNORM = register_op(
     OpSpec(
         name="layernorm",
+        rowwise=True,
         description="LayerNorm over the last dimension, with a learned weight and bias",
         inputs=("x", "weight", "bias", "eps"),
         outputs=("y",),

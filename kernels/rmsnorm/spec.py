@@ -77,6 +77,7 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 RMSNORM = register_op(
     OpSpec(
         name="rmsnorm",
+        rowwise=True,
         description="RMSNorm over the last dimension, with a learned weight",
         inputs=("x", "weight", "eps"),
         outputs=("y",),

@@ -1,0 +1,50 @@
+"""The refill probe's reference: for the row-wise built-in ops, the set's own reference with the
+changed row recomputed equals the reference of the whole changed set; an op that does not
+declare itself row-wise gets the whole set recomputed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fusionlab.measure.inputs import InputSets
+from fusionlab.measure.probe import Probe
+from fusionlab.registry import get_op
+
+
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "add_rmsnorm", "add_layernorm"])
+@pytest.mark.parametrize("shape", [(5, 96), (2, 3, 40)], ids=str)
+def test_one_row_recomputed_equals_the_whole_changed_set(op, shape):
+    spec = get_op(op)
+    assert spec.rowwise
+    sets = InputSets(spec, shape, torch.float32, torch.device("cpu"), seed=3)
+    sets.ensure(2)
+    probe = Probe(sets.sets[:2])
+    for _ in range(4):  # several drawn places; referenced after the restore, as the trial does
+        probe.alter(1)
+        probe.restore()
+        got = probe.reference(spec, sets.reference)
+        want = spec.reference(probe.altered())
+        assert any(not torch.equal(g, b) for g, b in zip(got, sets.reference(1), strict=True))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_an_op_not_declared_row_wise_is_recomputed_whole():
+    calls = []
+    rmsnorm = get_op("rmsnorm")
+
+    def counting_reference(inputs):
+        calls.append(tuple(inputs[0].shape))
+        return rmsnorm.reference(inputs)
+
+    spec = dataclasses.replace(rmsnorm, rowwise=False, reference=counting_reference)
+    sets = InputSets(spec, (4, 64), torch.float32, torch.device("cpu"), seed=3)
+    sets.ensure(1)
+    probe = Probe(sets.sets[:1])
+    probe.alter(0)
+    probe.reference(spec, sets.reference)
+    probe.restore()
+    assert calls == [(4, 64)]
