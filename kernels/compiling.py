@@ -4,8 +4,10 @@ A compiled function compiles lazily: its forward graph at its first call, its ba
 the first backward through it, and once more for each torch thread count it meets (Dynamo guards
 on the thread count). The harness times a variant after one untimed first call, and its audit
 re-times a slow variant on one thread; a graph compiled inside a measured window shows up there as
-the compiler's own subprocess and environment calls. So the first call compiles, untimed, every
-graph later calls can need (WarmFirstCall)."""
+the compiler's own subprocess and environment calls. So the first call compiles, untimed, the
+forward and backward graphs at the caller's thread count (WarmFirstCall), and the audit makes one
+untimed call on one thread before its one-thread retry (measure/audit.py), so a graph for one
+thread is compiled only where a retry needs it."""
 
 from __future__ import annotations
 
@@ -59,10 +61,9 @@ def compiled_copy(
 
 
 class WarmFirstCall:
-    """A compiled function whose first call compiles every graph later calls can use: forward
-    and, where an input requires grad, backward; at torch's thread count and at one thread (the
-    audit's serial retry). The first call's result is the compiled function's at the caller's
-    thread count; later calls are the compiled function's alone."""
+    """A compiled function whose first call compiles the graphs later calls at the same thread
+    count use: forward and, where an input requires grad, backward. Later calls are the compiled
+    function's alone."""
 
     def __init__(self, compiled: Callable[..., Any]) -> None:
         self.compiled = compiled
@@ -71,13 +72,7 @@ class WarmFirstCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self._warm and not torch.compiler.is_compiling():
             self._warm = True
-            threads = torch.get_num_threads()
-            try:
-                for count in dict.fromkeys((1, threads)):  # the caller's own count last
-                    torch.set_num_threads(count)
-                    _with_backward(self.compiled(*args, **kwargs), args, kwargs.values())
-            finally:
-                torch.set_num_threads(threads)
+            _with_backward(self.compiled(*args, **kwargs), args, kwargs.values())
         return self.compiled(*args, **kwargs)
 
 
