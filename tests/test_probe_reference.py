@@ -25,11 +25,14 @@ def test_one_row_recomputed_equals_the_whole_changed_set(op, shape):
     for _ in range(4):  # several drawn places; referenced after the restore, as the trial does
         probe.alter(1)
         probe.restore()
-        got = probe.reference(spec, sets.reference)
+        base = [out.clone() for out in sets.reference(1)]
         want = spec.reference(probe.altered())
-        assert any(not torch.equal(g, b) for g, b in zip(got, sets.reference(1), strict=True))
-        for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+        with probe.reference(spec, sets.reference).swapped() as got:
+            assert any(not torch.equal(g, b) for g, b in zip(got, base, strict=True))
+            for g, w in zip(got, want, strict=True):
+                torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+        for kept, b in zip(sets.reference(1), base, strict=True):  # the cached one restored
+            assert torch.equal(kept, b)
 
 
 def test_an_op_not_declared_row_wise_is_recomputed_whole():
@@ -45,6 +48,7 @@ def test_an_op_not_declared_row_wise_is_recomputed_whole():
     sets.ensure(1)
     probe = Probe(sets.sets[:1])
     probe.alter(0)
-    probe.reference(spec, sets.reference)
     probe.restore()
+    with probe.reference(spec, sets.reference).swapped() as got:
+        torch.testing.assert_close(got[0], rmsnorm.reference(probe.altered())[0])
     assert calls == [(4, 64)]

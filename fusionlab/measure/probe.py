@@ -11,7 +11,9 @@ variants that write no input (their sets stay as generated) and not on the flush
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -56,25 +58,46 @@ class Probe:
         return copied
 
     def reference(self, spec: OpSpec,
-                  base: Callable[[int], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+                  base: Callable[[int], tuple[torch.Tensor, ...]]) -> ChangedReference:
         """The float64 reference of the changed set. For a row-wise op (`OpSpec.rowwise`) the
         set's own reference (`base(index)`, cached by the input sets) with the changed row
-        recomputed: one row's work instead of the whole set's; otherwise computed whole."""
+        recomputed: one row's work, and no copy of the whole; otherwise computed whole."""
         x = tensors_in(self._sets[self.index])[0]
-        if not spec.rowwise or x.dim() < 2:
-            return spec.reference(self.altered())
+        whole = base(self.index) if spec.rowwise and x.dim() >= 2 else ()
+        if not whole or any(out.shape != x.shape for out in whole):
+            return ChangedReference(spec.reference(self.altered()))
         hidden = x.shape[-1]
         row = self.position // hidden
         inputs = tuple(t.reshape(-1, hidden)[row:row + 1].clone()
                        if isinstance(t, torch.Tensor) and t.shape == x.shape else t
                        for t in self._sets[self.index])
-        tensors_in(inputs)[0].view(-1)[self.position % hidden] = self._old * -2 + 1  # type: ignore[operator]
-        whole = base(self.index)
-        if any(out.shape != x.shape for out in whole):
-            return spec.reference(self.altered())
-        outputs = []
-        for out, new_row in zip(whole, spec.reference(inputs), strict=True):
-            out = out.clone()
-            out.view(-1, hidden)[row] = new_row.reshape(hidden)
-            outputs.append(out)
-        return tuple(outputs)
+        changed = tensors_in(inputs)[0].view(-1)
+        changed[self.position % hidden] = self._old * -2 + 1  # type: ignore[operator]
+        rows = tuple(out.reshape(hidden) for out in spec.reference(inputs))
+        return ChangedReference(whole, row, rows)
+
+
+@dataclass(frozen=True)
+class ChangedReference:
+    """The reference of a set the probe changed: `whole`, or the set's own cached reference
+    with `rows` (the changed row's reference) swapped in while it is read."""
+
+    whole: tuple[torch.Tensor, ...]
+    row: int = -1
+    rows: tuple[torch.Tensor, ...] = ()
+
+    @contextmanager
+    def swapped(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        """The changed set's reference, valid inside the block (the cached one is restored)."""
+        if not self.rows:
+            yield self.whole
+            return
+        views = [out.view(-1, out.shape[-1])[self.row] for out in self.whole]
+        kept = [view.clone() for view in views]
+        try:
+            for view, new in zip(views, self.rows, strict=True):
+                view.copy_(new)
+            yield self.whole
+        finally:
+            for view, old in zip(views, kept, strict=True):
+                view.copy_(old)

@@ -28,7 +28,7 @@ from fusionlab.measure.inputs import WARM_SETS, InputCache, InputSets, tensors_i
 from fusionlab.measure.limits import LimitsCache, measure_copy_limits, suspicious_reason
 from fusionlab.measure.pass_memory import pass_memory
 from fusionlab.measure.passes import PassCall, as_pass, pass_spec, unsupported_reason
-from fusionlab.measure.probe import Probe
+from fusionlab.measure.probe import ChangedReference, Probe
 from fusionlab.measure.profiling import (
     ProfilerSettings,
     export_trace,
@@ -290,12 +290,13 @@ def timed_and_checked(
 
 
 def _check_probe(
-    m: Measured, probe: Probe, altered: tuple[torch.Tensor, ...], out: object, where: str
+    m: Measured, probe: Probe, altered: ChangedReference, out: object, where: str
 ) -> None:
     """A call made after the probe changed one value of its set must follow the new value."""
     outputs = m.spec.as_outputs(out)
     try:
-        check_values(outputs, altered, m.spec, m.like, m.tolerance)
+        with altered.swapped() as references:
+            check_values(outputs, references, m.spec, m.like, m.tolerance)
     except GateFailure as failure:
         when = (f"in the timing loop, after one value (flat index {probe.position}) of input set "
                 f"{probe.index} changed between two samples (same tensor, same address), {where}")
