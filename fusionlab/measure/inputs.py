@@ -41,32 +41,49 @@ def serial() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-# Secret per-position weights, by element count: odd 63-bit integers drawn from the entropy the
-# measuring path bound at import (`timing.draw`), never from torch's generator a variant can seed.
-_WEIGHTS: dict[int, torch.Tensor] = {}
+# Secret weights: odd 63-bit integers drawn from the entropy the measuring path bound at import
+# (`timing.draw`), never from torch's generator a variant can seed; one vector per (kind, length).
+_WEIGHTS: dict[tuple[str, int], torch.Tensor] = {}
+_PERIOD = 4096  # an input's bits are read as rows of this many: a column and a row weight each
+_BLOCK_ROWS = 256  # rows per pass: an 8 MiB int64 product, reused
 
 
-def _weights(count: int) -> torch.Tensor:
-    """The checksum's secret weight of each of `count` positions (made once per count)."""
-    if count not in _WEIGHTS:
+def _weights(kind: str, count: int) -> torch.Tensor:
+    """`count` secret odd weights of one kind ("column" or "row"), made once per length."""
+    if (kind, count) not in _WEIGHTS:
         generator = torch.Generator().manual_seed(draw(2**63))
         drawn = torch.randint(-(2**62), 2**62, (count,), dtype=torch.int64, generator=generator)
-        _WEIGHTS[count] = drawn * 2 + 1
-    return _WEIGHTS[count]
+        _WEIGHTS[kind, count] = drawn * 2 + 1
+    return _WEIGHTS[kind, count]
+
+
+def _weighted_sum(bits: torch.Tensor) -> int:
+    """sum over i of row[i // P] * column[i % P] * bits[i], modulo 2^64, for the flat integer
+    view `bits`: two secret odd weights per position, so a changed value, a +1/-1 ulp pair or
+    a swap of two elements keeps it only by chance. Read in blocks through one reused product
+    buffer (no copy of the input's size, weights of a few KiB)."""
+    rows, tail = divmod(bits.numel(), _PERIOD)
+    column, row = _weights("column", _PERIOD), _weights("row", rows + 1)
+    total = torch.zeros((), dtype=torch.int64)
+    grid = bits[: rows * _PERIOD].view(rows, _PERIOD)
+    product = torch.empty((min(rows, _BLOCK_ROWS), _PERIOD), dtype=torch.int64)
+    for start in range(0, rows, _BLOCK_ROWS):
+        block = grid[start:start + _BLOCK_ROWS]
+        out = product[: block.shape[0]]
+        torch.mul(block, column, out=out)
+        total += (out.sum(1) * row[start:start + block.shape[0]]).sum()
+    if tail:
+        total += (bits[rows * _PERIOD:].to(torch.int64) * column[:tail]).sum() * row[rows]
+    return int(total)
 
 
 def _checksum(inputs: Inputs) -> list[int]:
-    """Every input's bit patterns weighted by secret per-position weights, summed (modulo 2^64):
-    a change of the values, a +1/-1 ulp pair or a swap of two elements included, keeps it only
-    by chance (about 2^-64), since no variant knows the weights; one pass with no float64 copy
-    (every set of a cold rotation is checksummed)."""
-    sums = []
+    """Every input's bit patterns, weighted by secret per-position weights and summed
+    (`_weighted_sum`); one pass with no float64 copy (every set of a cold rotation is
+    checksummed)."""
     with serial():
-        for tensor in tensors_in(inputs):
-            flat = tensor.detach().reshape(-1).view(_BITS[tensor.element_size()])
-            weighted = torch.mul(flat, _weights(flat.numel()))
-            sums.append(int(weighted.sum(dtype=torch.int64)))
-    return sums
+        return [_weighted_sum(t.detach().reshape(-1).view(_BITS[t.element_size()]))
+                for t in tensors_in(inputs)]
 
 
 @dataclass
