@@ -236,8 +236,8 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None,
     if verdict is not None and verdict.runner_up:
         row.ratio, row.ci_low, row.ci_high = verdict.ratio, verdict.ci_low, verdict.ci_high
         row.reason = verdict.reason
-    if winner.runner_up is not None or winner.verdict is not None:
-        row.decision = winner.decision
+    if winner.runner_up is not None or winner.verdict is not None or memory_budget_mb is not None:
+        row.decision = winner.decision  # a budget's winner says so, even as the only one that fits
     if best.fusion is not None:
         row.ops_per_call = best.fusion.device_ops
         row.mb_per_call = best.fusion.memory_bytes / 1e6
