@@ -27,7 +27,15 @@ def test_one_row_recomputed_equals_the_whole_changed_set(op, shape):
         probe.restore()
         base = [out.clone() for out in sets.reference(1)]
         want = spec.reference(probe.altered())
-        with probe.reference(spec, sets.reference).swapped() as got:
+        changed = probe.reference(spec, sets.reference)
+        row = probe.position // shape[-1]
+        for new, whole in zip(changed.rows, want, strict=True):  # the row alone, as the probe's
+            torch.testing.assert_close(new, whole.reshape(-1, shape[-1])[row:row + 1],
+                                       rtol=1e-12, atol=1e-12)
+        for old, whole in zip(changed.old_rows, base, strict=True):
+            torch.testing.assert_close(old, whole.reshape(-1, shape[-1])[row:row + 1],
+                                       rtol=1e-12, atol=1e-12)
+        with changed.swapped() as got:
             assert any(not torch.equal(g, b) for g, b in zip(got, base, strict=True))
             for g, w in zip(got, want, strict=True):
                 torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -260,12 +261,16 @@ def timed_and_checked(
     loop.kept.clear()
     if not inplace:
         check_sets_unchanged(m, count, "during timing")
-    # The probe's call, copied: the memory rules below count who holds the kept outputs.
-    probed = _copy_outputs(loop.probed) if loop.probed is not None else None
-    loop.probed = None
     # The float64 reference of the values the probe made, once for every call made on them.
     altered = (probe.reference(m.spec, m.sets.reference) if probe is not None
-               and probe.index >= 0 and (probed is not None or loop.altered_kept) else None)
+               and probe.index >= 0 and (loop.probed is not None or loop.altered_kept) else None)
+    # The probe's call, copied (its changed row alone where the op is row-wise): the memory
+    # rules below count who holds the kept outputs.
+    probed_rows = (altered.rows_of(m.spec.as_outputs(loop.probed))
+                   if altered is not None and loop.probed is not None else None)
+    probed = (_copy_outputs(loop.probed) if loop.probed is not None and probed_rows is None
+              else None)
+    loop.probed = None
     if m.memory_rules:
         for _, outputs in kept:
             check_not_retained(outputs)
@@ -284,23 +289,31 @@ def timed_and_checked(
         else:
             references = m.sets.reference(index)
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
-    if altered is not None and probed is not None:  # last: what the rules above let through
-        _check_probe(m, probe, altered, probed, "in its first call after it")  # type: ignore[arg-type]
+    if altered is not None and (probed_rows or probed) is not None:  # last: what the rules
+        # above let through; a row-wise op's call is judged on the row the probe changed
+        _check_probe(m, probe, altered, probed_rows or probed,  # type: ignore[arg-type]
+                     "in its first call after it", rows=probed_rows is not None)
     return loop.timing
 
 
 def _check_probe(
-    m: Measured, probe: Probe, altered: ChangedReference, out: object, where: str
+    m: Measured, probe: Probe, altered: ChangedReference, out: object, where: str,
+    rows: bool = False,
 ) -> None:
-    """A call made after the probe changed one value of its set must follow the new value."""
-    outputs = m.spec.as_outputs(out)
+    """A call made after the probe changed one value of its set must follow the new value;
+    with `rows`, `out` is the changed row of each output, judged against that row's reference."""
+    outputs = out if rows else m.spec.as_outputs(out)
     try:
-        with altered.swapped() as references:
-            check_values(outputs, references, m.spec, m.like, m.tolerance)
+        if rows:
+            check_values(outputs, altered.rows, m.spec, m.like, m.tolerance)  # type: ignore[arg-type]
+        else:
+            with altered.swapped() as references:
+                check_values(outputs, references, m.spec, m.like, m.tolerance)
     except GateFailure as failure:
         when = (f"in the timing loop, after one value (flat index {probe.position}) of input set "
                 f"{probe.index} changed between two samples (same tensor, same address), {where}")
-        if _answers(m, outputs, m.sets.sets[probe.index]):
+        old = altered.old_rows if rows else m.sets.reference(probe.index)
+        if _matches(m, outputs, old):  # type: ignore[arg-type]
             raise GateFailure(Status.STALE_RESULT, f"refill probe: {when}, it gave the answer to "
                               f"the old values: {failure}") from None
         raise GateFailure(Status.INCORRECT, f"refill probe: {when}: {failure}") from None
@@ -369,8 +382,13 @@ def _check_new_answer(
 
 def _answers(m: Measured, outputs: tuple[object, ...], inputs: tuple[object, ...]) -> bool:
     """Whether `outputs` are the right answer to `inputs` (values the variant saw earlier)."""
+    return _matches(m, outputs, m.spec.reference(inputs))
+
+
+def _matches(m: Measured, outputs: Sequence[object], references: Sequence[torch.Tensor]) -> bool:
+    """Whether `outputs` pass the value check against `references`."""
     try:
-        check_values(outputs, m.spec.reference(inputs), m.spec, m.like, m.tolerance)
+        check_values(outputs, references, m.spec, m.like, m.tolerance)
     except GateFailure:
         return False
     return True
