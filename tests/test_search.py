@@ -2,16 +2,20 @@
 never measured, duplicates never measured twice, and a second run adds nothing."""
 
 import re
+import time
 from pathlib import Path
 
 import optuna
 import optuna.distributions as od
 import torch
+from conftest import cpu_cell
 
 from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
-from fusionlab.measure.timing import TimingSettings
+from fusionlab.measure.screen import BRIEF, bar_for
+from fusionlab.measure.timing import TimingSettings, time_calls
 from fusionlab.plan import make_plan
+from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import variants_of
 from fusionlab.search.results_store import is_verdict_key, study_name
 from fusionlab.search.runner import Sweep
@@ -157,3 +161,37 @@ def test_an_enqueued_trial_replays_its_own_configuration_whoever_bound_the_names
     worker = CellSpace(ours, study)  # bound now: `variant` is taken, so its name is suffixed
     assert worker.enqueue_params(config) != planner.enqueue_params(config)
     assert worker.replay(study.ask(), config.key) == config
+
+
+def _brief_timings(pauses_s: list[float]):
+    """Brief timings of torch.rms_norm on real tensors; the i-th timing's calls each also wait
+    pauses_s[i] (a burst of noise), later ones none."""
+    x, weight = torch.randn(16, 1024), torch.randn(1024)
+    pauses = iter(pauses_s)
+
+    def time_brief():
+        pause = next(pauses, 0.0)
+
+        def call(index: int) -> torch.Tensor:
+            if pause:
+                time.sleep(pause)
+            return torch.rms_norm(x, (1024,), weight, 1e-6)
+
+        return time_calls(call, 1, lambda: None, BRIEF).timing, None
+
+    return time_brief
+
+
+def test_one_slow_brief_timing_does_not_rule_out_what_can_win() -> None:
+    """Noise only slows a timing: a brief timing above the bar is taken again and the faster
+    kept, so a configuration slowed by one burst is still measured in full; one slow every
+    time is ruled out."""
+    full_ms = min(_brief_timings([])()[0].median_ms for _ in range(3))
+    screen = bar_for(full_ms * 4)  # 6x the fastest unpaused median: room for noise
+    burst = TrialRecord(cpu_cell("rmsnorm", (64, 1024)), "builtin", {}, Status.PASSED)
+    assert not screen.rules_out(_brief_timings([0.01]), burst)
+    assert burst.timing is None and not burst.message
+    slow = TrialRecord(cpu_cell("rmsnorm", (64, 1024)), "builtin", {}, Status.PASSED)
+    assert screen.rules_out(_brief_timings([0.01, 0.01]), slow)
+    assert slow.timing is not None and slow.timing.median_ms > 10
+    assert slow.message.startswith("screened out: brief warm median")

@@ -433,10 +433,16 @@ def _measure(task: TrialTask, record: TrialRecord) -> None:
     record.builds_s = m.builds_s
     phase.end("inputs, build, first call")
     if task.screen is not None:  # screen: a brief warm timing; stop here if it cannot win
-        watch = disturbance.Watch()
-        brief = timed_and_checked(m, WARM_SETS, task.screen.timing, cold=False)
+        screen = task.screen
+
+        def time_brief() -> tuple[Timing, disturbance.Disturbance | None]:
+            watch = disturbance.Watch()
+            brief = timed_and_checked(m, WARM_SETS, screen.timing, cold=False)
+            return brief, watch.stop()
+
+        ruled_out = screen.rules_out(time_brief, record)
         phase.end("screen")
-        if task.screen.rules_out(brief, record, watch.stop()):
+        if ruled_out:
             return
     dtype = torch_dtype(cell.dtype)
     record.bytes_moved = m.spec.bytes_moved(cell.shape, dtype)

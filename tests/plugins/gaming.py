@@ -16,7 +16,9 @@ CPU = ("cpu",)
 EXPECTED = {
     "timed outputs are checked": [
         ("game-skip-after-first", "incorrect"),
-        ("game-every-third-call", "incorrect"),
+        # It hands back the last answer it computed: wrong for another set, or, where the refill
+        # probe changed one value of the set it last computed, the answer to the old values.
+        ("game-every-third-call", ("incorrect", "stale_result")),
         # Its rows after the first are the first call's: where only set 0's calls were checked,
         # the refill probe inside the loop (one value changed in a later row) gets the old answer.
         ("game-first-row-only", ("incorrect", "stale_result")),

@@ -29,9 +29,10 @@ EXPECTED: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("r3-lazy-subclass", ("incorrect",)),
         ("r3-lazy-subclass-detach", ("incorrect",)),
         # Caught by whichever rule sees it first: the output still queued (held), read before
-        # the thread wrote it, or the work on a thread the profiler does not record.
-        ("r3-thread-fill", ("reused_memory", "incorrect", "suspicious")),
-        ("r3-thread-fill-batched", ("reused_memory", "incorrect", "suspicious")),
+        # the thread wrote it (by the refill probe too: the unwritten output still holds the
+        # previous call's answer), or the work on a thread the profiler does not record.
+        ("r3-thread-fill", ("reused_memory", "incorrect", "suspicious", "stale_result")),
+        ("r3-thread-fill-batched", ("reused_memory", "incorrect", "suspicious", "stale_result")),
     ],
     # Since round four the audit hook sees their sys._getframe first (suspicious).
     "finding the checked call": [
