@@ -26,8 +26,8 @@ from fusionlab.shapes import DTYPES
 
 Kernel = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
 Params = dict[str, Any]
-Choice = bool | int | float | str
-TunableSpace = Sequence[Choice] | od.IntDistribution | od.FloatDistribution
+TunableValue = bool | int | float | str  # one value a tunable can take
+TunableSpace = Sequence[TunableValue] | od.IntDistribution | od.FloatDistribution
 ENTRY_POINT_GROUP = "fusionlab.variants"
 # How simple a lowering is, simplest first: a tie goes to the simpler one.
 KINDS = ("builtin", "baseline", "compiled", "custom")
@@ -99,7 +99,7 @@ class Variant:
 
 
 
-def _choices(space: TunableSpace) -> list[Choice] | None:
+def _choices(space: TunableSpace) -> list[TunableValue] | None:
     if isinstance(space, od.IntDistribution):
         return list(range(space.low, space.high + 1, space.step))
     if isinstance(space, od.FloatDistribution):

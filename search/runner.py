@@ -31,7 +31,7 @@ from fusionlab.measure.rounds import (
 from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
-from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
+from fusionlab.plan import StoredPlan, SweepPlan, valid_configs
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.results import OUTCOMES, CellResult, Verdict
@@ -178,7 +178,7 @@ class Sweep:
         if store.CELL_ATTR not in study.user_attrs:
             store.write_cell(study, cell)
             store.write_metric_name(study, self.plan.rank_by)
-        store.write_plan(study, plan_to_dict(self.plan))  # every plan of the cell
+        store.write_plan(study, StoredPlan.of(self.plan))  # every plan of the cell
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
@@ -407,7 +407,7 @@ class Sweep:
         self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
         self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
         start = time.perf_counter()
-        reply = worker.run(task, self.plan.timeout_s * len(chosen) + confirm.budget_s)
+        reply = worker.run(task, self.plan.timeout_s * len(chosen) + confirm.rule.budget_s)
         self.confirm_s += time.perf_counter() - start
         self._count_rounds(cell, reply, rule)
         contenders, dropped = self._survivors(cell, result, chosen, reply)
@@ -493,12 +493,13 @@ class Sweep:
                 f"{self.screen_s:.1f} s: {self.screen_saved} full measurements saved)"
             )
         if self.confirmed_here and self.plan.confirm is not None:
+            rule = self.plan.confirm.rule
             line += (
                 f"; re-measuring {self.confirmed_here} cells took {self.confirm_s:.1f} s more "
                 f"(+{100 * self.confirm_s / max(self.search_s, 1e-9):.0f}%), "
                 f"{self.extra_rounds_s:.1f} s of it in {self.extra_rounds} rounds beyond the "
-                f"first {self.plan.confirm.min_rounds} of a cell (budget "
-                f"{self.plan.confirm.budget_s:g} s a cell), {self.audit_s:.1f} s in the audit of "
+                f"first {rule.min_rounds} of a cell (budget {rule.budget_s:g} s a cell), "
+                f"{self.audit_s:.1f} s in the audit of "
                 f"every contender (+{100 * self.audit_s / max(self.search_s, 1e-9):.0f}% of the "
                 "search)"
             )
