@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -282,16 +282,19 @@ def check_seed(value: int) -> None:
 
 
 def choose_variants(
-    op: str, variants: str | Sequence[str] | None, device_type: str
+    spec: OpSpec, known: Mapping[str, Variant], variants: str | Sequence[str] | None,
+    device_type: str,
 ) -> list[str] | None:
-    """The named variants, checked to exist and to run on this device; None means all."""
+    """The named variants among the op's `known` ones, checked to exist and to run on this
+    device; None means all."""
     if variants is None:
         return None
     names = parse_list(variants, "--variants") if isinstance(variants, str) else list(variants)
-    known = variants_of(op)
     for name in names:
         if name not in known:
-            raise UserError(f"unknown variant {name!r} of {op}: choose from {', '.join(known)}")
+            raise UserError(
+                f"unknown variant {name!r} of {spec.name}: choose from {', '.join(known)}"
+            )
         reason = known[name].unavailable_reason(device_type)
         if reason:
             raise UserError(f"variant {name!r} cannot run on {device_type} here: {reason}")
@@ -330,9 +333,9 @@ def make_plan(
         raise UserError(f"--rank-by must be one of {', '.join(RANK_MODES)}")
     if options.get("timeout_s") is None:
         options["timeout_s"] = target.default_timeout_s
-    chosen = choose_variants(op, variants, target.type)
-    options["pass_name"] = check_pass(options.get("pass_name", FORWARD))
     named = variants_of(op)
+    chosen = choose_variants(spec, named, variants, target.type)
+    options["pass_name"] = check_pass(options.get("pass_name", FORWARD))
     check_backward(spec, options["pass_name"], [named[name] for name in chosen or ()])
     if quick:
         options.setdefault("timing", QUICK_TIMING)

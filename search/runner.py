@@ -33,7 +33,6 @@ from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import StoredPlan, SweepPlan, valid_configs
 from fusionlab.records import TrialRecord
-from fusionlab.registry import get_op
 from fusionlab.results import OUTCOMES, CellResult, Verdict
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
@@ -365,7 +364,7 @@ class Sweep:
 
     def _baselines(self, result: CellResult) -> list[TrialRecord]:
         """The best configuration of the op's baseline and of its built-in, where measured."""
-        spec = get_op(self.plan.op)
+        spec = self.plan.spec
         best = result.best_per_variant(self.plan.rank_by)
         return [best[name] for name in dict.fromkeys((spec.baseline, spec.builtin))
                 if name in best]

@@ -277,19 +277,29 @@ def best_rows(
     return [best_row(cell, mode, calls, memory_budget_mb) for cell in cells]
 
 
-def display_rows(
+def texts_by_key(
     rows: list[WinnerRow], op: str, with_device: bool = True
 ) -> list[dict[str, str]]:
-    """The rows as the text every format shows ('-' for unknown)."""
+    """The rows as the text every format shows ('-' for unknown), by column key."""
     spec = get_op(op)
     shown = []
     for row in rows:
-        text = {c.header: _marked(_figure(c, row), c.key in row.disturbed)
+        text = {c.key: _marked(_figure(c, row), c.key in row.disturbed)
                 for c in columns(spec.baseline, spec.builtin)}
         if not with_device:
             text.pop("device")
         shown.append(text)
     return shown
+
+
+def display_rows(
+    rows: list[WinnerRow], op: str, with_device: bool = True
+) -> list[dict[str, str]]:
+    """The rows as the text every format shows ('-' for unknown), by column header."""
+    spec = get_op(op)
+    headers = {c.key: c.header for c in columns(spec.baseline, spec.builtin)}
+    return [{headers[key]: text for key, text in shown.items()}
+            for shown in texts_by_key(rows, op, with_device)]
 
 
 def _figure(column: Column, row: WinnerRow) -> str | None:
