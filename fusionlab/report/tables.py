@@ -278,16 +278,16 @@ def best_rows(
 
 
 def texts_by_key(
-    rows: list[WinnerRow], op: str, with_device: bool = True
+    rows: list[WinnerRow], op: str, with_device: bool = True, by_header: bool = False
 ) -> list[dict[str, str]]:
-    """The rows as the text every format shows ('-' for unknown), by column key."""
+    """The rows as the text every format shows ('-' for unknown), by column key (by its
+    header with `by_header`)."""
     spec = get_op(op)
     shown = []
     for row in rows:
-        text = {c.key: _marked(_figure(c, row), c.key in row.disturbed)
-                for c in columns(spec.baseline, spec.builtin)}
-        if not with_device:
-            text.pop("device")
+        text = {c.header if by_header else c.key: _marked(_figure(c, row), c.key in row.disturbed)
+                for c in columns(spec.baseline, spec.builtin)
+                if with_device or c.key != "device"}
         shown.append(text)
     return shown
 
@@ -296,10 +296,7 @@ def display_rows(
     rows: list[WinnerRow], op: str, with_device: bool = True
 ) -> list[dict[str, str]]:
     """The rows as the text every format shows ('-' for unknown), by column header."""
-    spec = get_op(op)
-    headers = {c.key: c.header for c in columns(spec.baseline, spec.builtin)}
-    return [{headers[key]: text for key, text in shown.items()}
-            for shown in texts_by_key(rows, op, with_device)]
+    return texts_by_key(rows, op, with_device, by_header=True)
 
 
 def _figure(column: Column, row: WinnerRow) -> str | None:
