@@ -32,7 +32,7 @@ from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.plan import StoredPlan, SweepPlan, valid_configs
-from fusionlab.records import TrialRecord
+from fusionlab.records import BusyWindow, TrialRecord
 from fusionlab.results import OUTCOMES, CellResult, Verdict
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
@@ -150,7 +150,7 @@ class Sweep:
         self.extra_rounds = 0  # rounds beyond the minimum, because a cell was not decided yet
         self.extra_rounds_s = 0.0
         # (cell label, what other processes did) for each timed window
-        self.windows: list[tuple[str, dict]] = []
+        self.windows: list[tuple[str, BusyWindow]] = []
         self.stalled: list[str] = []  # configurations whose samples show a barrier stall
         self._cells: list[_OpenCell] = []
 
@@ -324,7 +324,7 @@ class Sweep:
             self.screen_s += seconds
         else:
             self.search_s += seconds
-        if record.disturbance:
+        if record.disturbance is not None:
             self.windows.append((cell.cell.label, record.disturbance))
         for name, build_s in record.builds_s.items():  # a wait for another's build is shorter
             self.builds_s[name] = max(self.builds_s.get(name, 0.0), build_s)
@@ -447,7 +447,7 @@ class Sweep:
         rounds = reply.rounds
         self.confirmed_here += 1
         self.audit_s += sum(outcome.audit_s for outcome in reply.contenders.values())
-        self.windows.extend((cell.cell.label, w.to_dict()) for w in rounds.windows if w)
+        self.windows.extend((cell.cell.label, w.window()) for w in rounds.windows if w)
         extra = max(0, rounds.run - rule.min_rounds)
         self.extra_rounds += extra
         if rounds.run:
@@ -525,5 +525,5 @@ class Sweep:
 
     def busy_warning(self) -> str | None:
         """One line with the figure when other processes disturbed this runner's timings."""
-        touched = [label for label, seen in self.windows if seen.get("disturbed")]
+        touched = [label for label, seen in self.windows if seen.disturbed]
         return disturbance.summary([seen for _, seen in self.windows], touched)

@@ -81,7 +81,7 @@ def disturbed_figures(best: TrialRecord, verdict: Verdict | None) -> list[str]:
     """The keys of the row's figures that come from a disturbed window: the winner's trial
     (still disturbed after its re-measurements), the rounds (fewer quiet rounds than a verdict
     needs, so disturbed ones were used)."""
-    busy = list(SEARCH_FIGURES) if best.disturbance.get("disturbed") else []
+    busy = list(SEARCH_FIGURES) if best.disturbance and best.disturbance.disturbed else []
     if verdict is not None and (verdict.rounds.get("from_disturbed") or implausible(verdict)):
         busy += ROUND_FIGURES
     return busy
