@@ -6,10 +6,10 @@ from __future__ import annotations
 import ast
 import math
 import os
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import optuna.distributions as od
 import torch
@@ -33,6 +33,7 @@ from fusionlab.registry import (
     load_plugin,
     variants_of,
 )
+from fusionlab.schema import Versioned
 from fusionlab.shapes import format_shape, parse_dtypes, parse_list, parse_shapes, torch_dtype
 from fusionlab.toolchain import toolchain, toolchain_id
 
@@ -50,9 +51,7 @@ class Confirm:
     """How a cell's contenders are re-measured after the search (see verdict.py): in
     interleaved rounds until the cell is decided or its budget is spent (measure/rounds.py)."""
 
-    min_rounds: int = 5
-    max_rounds: int = 30
-    budget_s: float = 3.0  # wall time of one cell's rounds
+    rule: StopRule = field(default_factory=StopRule)  # its budget_s: one cell's rounds
     within: float = 0.10  # contenders: every variant's best within this of the fastest
     min_contenders: int = 2
     timing: TimingSettings = field(
@@ -60,10 +59,6 @@ class Confirm:
             warmup_s=0.01, budget_s=0.04, min_samples=5, max_samples=25, checked_calls=1
         )
     )
-
-    @property
-    def rule(self) -> StopRule:
-        return StopRule(self.min_rounds, self.max_rounds, self.budget_s)
 
 
 @dataclass(frozen=True)
@@ -139,61 +134,92 @@ class SweepPlan:
         return result
 
 
-def plan_to_dict(plan: SweepPlan) -> dict[str, Any]:
-    """What a worker joining from another process or host needs to rebuild the plan."""
-    return {
-        "op": plan.op,
-        "device": plan.device.type,
-        "shapes": [format_shape(shape) for shape in plan.shapes],
-        "dtypes": list(plan.dtypes),
-        "variants": plan.variants,
-        "plugins": [str(Path(path).resolve()) for path in plan.plugins],
-        "threads": plan.threads,
-        "allocator": plan.allocator,
-        "pass_name": plan.pass_name,
-        "trials": plan.trials,
-        "exhaustive_limit": plan.exhaustive_limit,
-        "timeout_s": plan.timeout_s,
-        "seed": plan.seed,
-        "rank_by": plan.rank_by,
-        "calls": plan.calls,
-        "timing": asdict(plan.timing),
-        "profiler": asdict(plan.profiler),
-        "confirm": None if plan.confirm is None else asdict(plan.confirm),
-        "screen": plan.screen,
-    }
+@dataclass(frozen=True)
+class StoredPlan(Versioned):
+    """A sweep plan as stored beside its cells: what a worker joining from another process or
+    host needs to rebuild it (`plan()` validates it again on this host)."""
 
+    noun: ClassVar[str] = "sweep plan"
 
-def plan_from_dict(data: dict[str, Any]) -> SweepPlan:
-    """The plan a sweep stored, validated again here (this host's devices and plugins)."""
-    plan = make_plan(
-        data["op"],
-        ",".join(data["shapes"]),
-        ",".join(data["dtypes"]),
-        data["device"],
-        data["variants"],
-        data["plugins"],
-        trials=data["trials"],
-        timeout_s=data["timeout_s"],
-        seed=data["seed"],
-        rank_by=data["rank_by"],
-        calls=data["calls"],
-        threads=data.get("threads") or None,
-        allocator=data.get("allocator") or None,
-        pass_name=data.get("pass_name", FORWARD),
-    )
-    confirm = data["confirm"]
-    if confirm is not None:
-        known = {name: value for name, value in confirm.items() if name in Confirm.__annotations__}
-        confirm = Confirm(**{**known, "timing": TimingSettings(**confirm["timing"])})
-    return replace(
-        plan,
-        exhaustive_limit=data["exhaustive_limit"],
-        timing=TimingSettings(**data["timing"]),
-        profiler=ProfilerSettings(**data["profiler"]),
-        confirm=confirm,
-        screen=data.get("screen", False),
-    )
+    op: str
+    device: str
+    shapes: list[str]
+    dtypes: list[str]
+    variants: list[str] | None
+    plugins: list[str]
+    trials: int
+    exhaustive_limit: int
+    timeout_s: float
+    seed: int
+    rank_by: str
+    calls: int | None
+    timing: TimingSettings
+    profiler: ProfilerSettings
+    confirm: Confirm | None
+    threads: int = 0  # 0: what torch uses on the joining host
+    allocator: str = ""
+    pass_name: str = FORWARD
+    screen: bool = False
+
+    @classmethod
+    def of(cls, plan: SweepPlan) -> StoredPlan:
+        return cls(
+            op=plan.op,
+            device=plan.device.type,
+            shapes=[format_shape(shape) for shape in plan.shapes],
+            dtypes=list(plan.dtypes),
+            variants=plan.variants,
+            plugins=[str(Path(path).resolve()) for path in plan.plugins],
+            threads=plan.threads,
+            allocator=plan.allocator,
+            pass_name=plan.pass_name,
+            trials=plan.trials,
+            exhaustive_limit=plan.exhaustive_limit,
+            timeout_s=plan.timeout_s,
+            seed=plan.seed,
+            rank_by=plan.rank_by,
+            calls=plan.calls,
+            timing=plan.timing,
+            profiler=plan.profiler,
+            confirm=plan.confirm,
+            screen=plan.screen,
+        )
+
+    @classmethod
+    def migrate(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A version 1 plan's re-measurement held its stop rule's figures beside the others."""
+        confirm = data.get("confirm")
+        if isinstance(confirm, dict) and "rule" not in confirm:
+            rule = {k: confirm[k] for k in ("min_rounds", "max_rounds", "budget_s") if k in confirm}
+            data = {**data, "confirm": {**confirm, "rule": rule}}
+        return data
+
+    def plan(self) -> SweepPlan:
+        """The plan this records, validated again here (this host's devices and plugins)."""
+        plan = make_plan(
+            self.op,
+            ",".join(self.shapes),
+            ",".join(self.dtypes),
+            self.device,
+            self.variants,
+            self.plugins,
+            trials=self.trials,
+            timeout_s=self.timeout_s,
+            seed=self.seed,
+            rank_by=self.rank_by,
+            calls=self.calls,
+            threads=self.threads or None,
+            allocator=self.allocator or None,
+            pass_name=self.pass_name,
+        )
+        return replace(
+            plan,
+            exhaustive_limit=self.exhaustive_limit,
+            timing=self.timing,
+            profiler=self.profiler,
+            confirm=self.confirm,
+            screen=self.screen,
+        )
 
 
 def installed_toolchain(op: str, device_type: str) -> dict[str, str]:
@@ -256,16 +282,19 @@ def check_seed(value: int) -> None:
 
 
 def choose_variants(
-    op: str, variants: str | Sequence[str] | None, device_type: str
+    spec: OpSpec, known: Mapping[str, Variant], variants: str | Sequence[str] | None,
+    device_type: str,
 ) -> list[str] | None:
-    """The named variants, checked to exist and to run on this device; None means all."""
+    """The named variants among the op's `known` ones, checked to exist and to run on this
+    device; None means all."""
     if variants is None:
         return None
     names = parse_list(variants, "--variants") if isinstance(variants, str) else list(variants)
-    known = variants_of(op)
     for name in names:
         if name not in known:
-            raise UserError(f"unknown variant {name!r} of {op}: choose from {', '.join(known)}")
+            raise UserError(
+                f"unknown variant {name!r} of {spec.name}: choose from {', '.join(known)}"
+            )
         reason = known[name].unavailable_reason(device_type)
         if reason:
             raise UserError(f"variant {name!r} cannot run on {device_type} here: {reason}")
@@ -304,9 +333,9 @@ def make_plan(
         raise UserError(f"--rank-by must be one of {', '.join(RANK_MODES)}")
     if options.get("timeout_s") is None:
         options["timeout_s"] = target.default_timeout_s
-    chosen = choose_variants(op, variants, target.type)
-    options["pass_name"] = check_pass(options.get("pass_name", FORWARD))
     named = variants_of(op)
+    chosen = choose_variants(spec, named, variants, target.type)
+    options["pass_name"] = check_pass(options.get("pass_name", FORWARD))
     check_backward(spec, options["pass_name"], [named[name] for name in chosen or ()])
     if quick:
         options.setdefault("timing", QUICK_TIMING)

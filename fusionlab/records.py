@@ -124,6 +124,22 @@ class CopyLimits(Stored):
 
 
 @dataclass
+class BusyWindow(Stored):
+    """What other processes did while a trial was timed (measure/disturbance.py): CPU seconds
+    they used on its cores, their share of the window's capacity, the load average and clock at
+    its end; `disturbed` above the busy share; `attempts`: timings taken (a disturbed one is
+    taken again, the least disturbed kept)."""
+
+    wall_s: float
+    other_cpu_s: float
+    other_share: float
+    load: float
+    mhz: float | None
+    disturbed: bool
+    attempts: int = 1
+
+
+@dataclass
 class TrialRecord(Versioned):
     """One measured (variant, params) in one cell."""
 
@@ -152,9 +168,8 @@ class TrialRecord(Versioned):
     # C++ extensions this trial's setup built (or waited for while another process built them),
     # in seconds: a one-time cost of the whole sweep, kept out of setup_ms and so out of first use.
     builds_s: dict[str, float] = field(default_factory=dict)
-    # What other processes did while this trial was timed (measure/disturbance.py); empty where
-    # unreadable.
-    disturbance: dict[str, Any] = field(default_factory=dict)
+    # What other processes did while this trial was timed; None where unreadable (stored as {}).
+    disturbance: BusyWindow | None = None
     profile_table: str = ""
     trace_file: str = ""
     memory: PassMemory | None = None  # the backward passes only
@@ -210,3 +225,14 @@ class TrialRecord(Versioned):
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["disturbance"] = data["disturbance"] or {}  # no window: stored as it always was
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrialRecord:
+        if isinstance(data, dict) and data.get("disturbance") == {}:
+            data = {key: value for key, value in data.items() if key != "disturbance"}
+        return super().from_dict(data)  # type: ignore[no-any-return]

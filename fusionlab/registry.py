@@ -26,8 +26,8 @@ from fusionlab.shapes import DTYPES
 
 Kernel = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
 Params = dict[str, Any]
-Choice = bool | int | float | str
-TunableSpace = Sequence[Choice] | od.IntDistribution | od.FloatDistribution
+TunableValue = bool | int | float | str  # one value a tunable can take
+TunableSpace = Sequence[TunableValue] | od.IntDistribution | od.FloatDistribution
 ENTRY_POINT_GROUP = "fusionlab.variants"
 # How simple a lowering is, simplest first: a tie goes to the simpler one.
 KINDS = ("builtin", "baseline", "compiled", "custom")
@@ -99,7 +99,7 @@ class Variant:
 
 
 
-def _choices(space: TunableSpace) -> list[Choice] | None:
+def _choices(space: TunableSpace) -> list[TunableValue] | None:
     if isinstance(space, od.IntDistribution):
         return list(range(space.low, space.high + 1, space.step))
     if isinstance(space, od.FloatDistribution):
@@ -170,56 +170,96 @@ def register_variant(
 
 
 def _validate(variant: Variant) -> None:
-    where = f"variant {variant.op}/{variant.name}"
+    """Refuse a variant that breaks a registration rule, naming the first rule it breaks."""
+    for rule in _RULES:
+        problem = rule(variant)
+        if problem is not None:
+            raise RegistrationError(f"variant {variant.op}/{variant.name}: {problem}")
+
+
+def _op_problem(variant: Variant) -> str | None:
     if variant.op not in _OPS:
-        raise RegistrationError(f"{where}: unknown op {variant.op!r}; known ops: {', '.join(_OPS)}")
+        return f"unknown op {variant.op!r}; known ops: {', '.join(_OPS)}"
+    return None
+
+
+def _name_problem(variant: Variant) -> str | None:
     if not _NAME.match(variant.name):
-        raise RegistrationError(f"{where}: names are lower-case letters, digits, '_' and '-'")
+        return "names are lower-case letters, digits, '_' and '-'"
     existing = _VARIANTS[variant.op].get(variant.name)
     if existing is not None and existing.factory.__qualname__ != variant.factory.__qualname__:
-        raise RegistrationError(f"{where}: that name is taken; pick another name")
+        return "that name is taken; pick another name"
+    return None
+
+
+def _kind_problem(variant: Variant) -> str | None:
     known_devices = device_types()
     if not variant.devices or set(variant.devices) - set(known_devices):
-        raise RegistrationError(f"{where}: devices must be among {', '.join(known_devices)}")
+        return f"devices must be among {', '.join(known_devices)}"
     if variant.kind not in KINDS:
-        raise RegistrationError(f"{where}: kind must be one of {', '.join(KINDS)}")
+        return f"kind must be one of {', '.join(KINDS)}"
+    return None
+
+
+def _numerics_problem(variant: Variant) -> str | None:
+    if not variant.numerics or set(variant.numerics) - set(CASTING_MODES):
+        return f"numerics must be a non-empty subset of {', '.join(CASTING_MODES)}"
+    bad_dtypes = set(variant.dtypes) - set(DTYPES)
+    if bad_dtypes:
+        return f"unknown dtypes {sorted(bad_dtypes)}"
+    return None
+
+
+def _inplace_problem(variant: Variant) -> str | None:
     spec = _OPS[variant.op]
     for output, target in variant.inplace.items():
         if output not in spec.outputs or target not in spec.inputs:
-            raise RegistrationError(
-                f"{where}: inplace maps outputs ({', '.join(spec.outputs)}) to inputs "
+            return (
+                f"inplace maps outputs ({', '.join(spec.outputs)}) to inputs "
                 f"({', '.join(spec.inputs)}); got {output!r} -> {target!r}"
             )
     if variant.inplace and variant.autograd:
-        raise RegistrationError(f"{where}: an in-place variant cannot declare autograd")
-    if not variant.numerics or set(variant.numerics) - set(CASTING_MODES):
-        raise RegistrationError(
-            f"{where}: numerics must be a non-empty subset of {', '.join(CASTING_MODES)}"
-        )
-    bad_dtypes = set(variant.dtypes) - set(DTYPES)
-    if bad_dtypes:
-        raise RegistrationError(f"{where}: unknown dtypes {sorted(bad_dtypes)}")
+        return "an in-place variant cannot declare autograd"
+    return None
+
+
+def _tunables_problem(variant: Variant) -> str | None:
     if variant.backward_tunables and not variant.autograd:
-        raise RegistrationError(f"{where}: backward tunables need a variant that declares autograd")
+        return "backward tunables need a variant that declares autograd"
     overlap = set(variant.tunables) & set(variant.backward_tunables)
     if overlap:
-        raise RegistrationError(f"{where}: {sorted(overlap)} named as tunable and backward tunable")
+        return f"{sorted(overlap)} named as tunable and backward tunable"
     for tunable, space in {**variant.tunables, **variant.backward_tunables}.items():
-        if not _NAME.match(tunable):
-            raise RegistrationError(f"{where}: tunable name {tunable!r} is not a plain name")
-        if isinstance(space, (od.IntDistribution, od.FloatDistribution)):
-            continue
-        if isinstance(space, (str, bytes)) or not isinstance(space, Sequence) or not space:
-            raise RegistrationError(
-                f"{where}: tunable {tunable!r} needs a non-empty list of choices or an "
-                "optuna Int/FloatDistribution"
-            )
-        if not all(isinstance(value, (bool, int, float, str)) for value in space):
-            raise RegistrationError(
-                f"{where}: tunable {tunable!r} choices must be bool/int/float/str"
-            )
-    if not callable(variant.factory):
-        raise RegistrationError(f"{where}: the factory is not callable")
+        problem = _tunable_problem(tunable, space)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _tunable_problem(tunable: str, space: TunableSpace) -> str | None:
+    if not _NAME.match(tunable):
+        return f"tunable name {tunable!r} is not a plain name"
+    if isinstance(space, (od.IntDistribution, od.FloatDistribution)):
+        return None
+    if isinstance(space, (str, bytes)) or not isinstance(space, Sequence) or not space:
+        return (
+            f"tunable {tunable!r} needs a non-empty list of choices or an "
+            "optuna Int/FloatDistribution"
+        )
+    if not all(isinstance(value, (bool, int, float, str)) for value in space):
+        return f"tunable {tunable!r} choices must be bool/int/float/str"
+    return None
+
+
+def _factory_problem(variant: Variant) -> str | None:
+    return None if callable(variant.factory) else "the factory is not callable"
+
+
+# In this order: the first rule a variant breaks is the one named.
+_RULES: tuple[Callable[[Variant], str | None], ...] = (
+    _op_problem, _name_problem, _kind_problem, _inplace_problem, _numerics_problem,
+    _tunables_problem, _factory_problem,
+)
 
 
 def _ensure_builtin() -> None:

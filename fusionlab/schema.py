@@ -83,31 +83,57 @@ def _join(where: str, name: str) -> str:
 
 
 def _value(kind: Any, value: Any, path: str, strict: bool) -> Any:
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    """`value` checked against the type `kind`, as that type (nested dataclasses parsed)."""
+    origin = typing.get_origin(kind)
     if kind is Any:
         return value
-    if origin in (Union, types.UnionType):  # only `X | None` in this schema
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _value(inner, value, path, strict)
+    if origin in (Union, types.UnionType):
+        return _optional(kind, value, path, strict)
     if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise _fail(path, "a list", value)
-        items = [_value(args[0], v, f"{path}[{i}]", strict) for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
+        return _sequence(kind, value, path, strict)
     if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise _fail(path, "an object", value)
-        return {k: _value(args[1], v, f"{path}.{k}", strict) for k, v in value.items()}
+        return _mapping(kind, value, path, strict)
     if isinstance(kind, type) and issubclass(kind, Enum):
-        try:
-            return kind(value)
-        except (ValueError, TypeError):
-            choices = ", ".join(repr(m.value) for m in kind)
-            raise _fail(path, f"one of {choices}", value) from None
+        return _member(kind, value, path)
     if dataclasses.is_dataclass(kind):
         return parse(kind, value, path, strict)  # type: ignore[arg-type]
+    return _scalar(kind, value, path)
+
+
+def _optional(kind: Any, value: Any, path: str, strict: bool) -> Any:
+    """Only `X | None` in this schema."""
+    args = typing.get_args(kind)
+    if value is None and type(None) in args:
+        return None
+    (inner,) = [a for a in args if a is not type(None)]
+    return _value(inner, value, path, strict)
+
+
+def _sequence(kind: Any, value: Any, path: str, strict: bool) -> list[Any] | tuple[Any, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise _fail(path, "a list", value)
+    item = typing.get_args(kind)[0]
+    items = [_value(item, v, f"{path}[{i}]", strict) for i, v in enumerate(value)]
+    return items if typing.get_origin(kind) is list else tuple(items)
+
+
+def _mapping(kind: Any, value: Any, path: str, strict: bool) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise _fail(path, "an object", value)
+    item = typing.get_args(kind)[1]
+    return {k: _value(item, v, f"{path}.{k}", strict) for k, v in value.items()}
+
+
+def _member(kind: type[Enum], value: Any, path: str) -> Enum:
+    try:
+        return kind(value)
+    except (ValueError, TypeError):
+        choices = ", ".join(repr(m.value) for m in kind)
+        raise _fail(path, f"one of {choices}", value) from None
+
+
+def _scalar(kind: Any, value: Any, path: str) -> Any:
+    """A number, string or bool: a bool is never a number, an integer is a float."""
     if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if kind in (int, str, bool) and isinstance(value, kind) and (

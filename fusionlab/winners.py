@@ -19,22 +19,47 @@ from fusionlab.verdict import break_even_calls
 
 
 @dataclass(frozen=True)
+class Ranking:
+    """How a cell's configurations are ranked: by a rank mode's latency, or by first use +
+    `calls` x latency, and only those within a memory budget (passes with a backward)."""
+
+    mode: str
+    calls: int | None = None
+    budget_mb: float | None = None
+
+    @classmethod
+    def of(cls, cell: CellResult, mode: str, calls: int | None = None,
+           memory_budget_mb: float | None = None) -> Ranking:
+        """The ranking of this cell: a memory budget applies to the cells of passes with a
+        backward (their records carry memory), not to forward cells."""
+        budget = memory_budget_mb if cell.cell.pass_name != "forward" else None
+        return cls(mode, calls, budget)
+
+    def label(self) -> str:
+        """As tables and exports show it."""
+        text = self.mode if self.calls is None else f"{self.mode} + {self.calls} calls x latency"
+        if self.budget_mb is None:
+            return text
+        return f"{text}, saved + peak <= {self.budget_mb:g} MB"
+
+
+@dataclass(frozen=True)
 class Winner:
     """The chosen record, its runner-up, and the verdict that chose it (None: search only)."""
 
     record: TrialRecord
     runner_up: TrialRecord | None
     verdict: Verdict | None
-    ranked_by: str
+    ranked_by: Ranking
 
     @property
     def decision(self) -> Decision:
         """The verdict's outcome, or how the winner was ranked without one (by cost, or the
         fastest median when not re-measured)."""
         if self.verdict is None:
-            if "calls" in self.ranked_by:
+            if self.ranked_by.calls is not None:
                 return Decision.BY_COST
-            if "MB" in self.ranked_by:
+            if self.ranked_by.budget_mb is not None:
                 return Decision.WITHIN_BUDGET
             return Decision.NOT_REMEASURED
         return self.verdict.decision
@@ -64,11 +89,6 @@ def footprint_mb(record: TrialRecord) -> float | None:
     return max(memory.forward_peak_bytes, memory.saved_bytes + memory.backward_peak_bytes) / 1e6
 
 
-def budget_label(mode: str, memory_budget_mb: float) -> str:
-    """How a cell ranked within a memory budget says so."""
-    return f"{mode}, saved + peak <= {memory_budget_mb:g} MB"
-
-
 def _fitting_per_variant(cell: CellResult, mode: str, budget_mb: float) -> dict[str, TrialRecord]:
     """Each variant's fastest configuration among those whose footprint fits the budget."""
     best: dict[str, TrialRecord] = {}
@@ -93,7 +113,8 @@ def cell_winner(
     the winner among variants that leave their inputs alone (what a caller that keeps them
     needs). `memory_budget_mb` applies to the cells of passes with a backward (their records
     carry memory), not to forward cells."""
-    budget = memory_budget_mb if cell.cell.pass_name != "forward" else None
+    ranking = Ranking.of(cell, mode, calls, memory_budget_mb)
+    budget = ranking.budget_mb
     if budget is not None:
         best = _fitting_per_variant(cell, mode, budget)
     else:
@@ -103,27 +124,23 @@ def cell_winner(
     if not best:
         return None
     if calls is not None:
-        return _winner_by_calls(cell, best, mode, calls, budget)
+        return _winner_by_calls(cell, best, ranking, calls)
     verdict = cell.verdicts.get(mode)
     if verdict is not None:
         decided = _decided_winner(cell, best, verdict, budget)
         if decided is not None:
             return Winner(decided, cell.record_of(verdict.runner_up) if verdict.runner_up
-                          else None, verdict, mode)
+                          else None, verdict, ranking)
     ordered = list(best.values())
-    ranked_by = mode if budget is None else budget_label(mode, budget)
-    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
+    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranking)
 
 
-def _winner_by_calls(cell: CellResult, best: dict[str, TrialRecord], mode: str, calls: int,
-                     budget: float | None) -> Winner:
+def _winner_by_calls(cell: CellResult, best: dict[str, TrialRecord], ranking: Ranking,
+                     calls: int) -> Winner:
     """The cheapest of `best` over first use + `calls` x latency (--calls)."""
     first_use = first_use_by_variant(cell)
-    ordered = sorted(best.values(), key=lambda r: _cost(r, mode, calls, first_use))
-    ranked_by = f"{mode}+{calls} calls"
-    if budget is not None:
-        ranked_by = budget_label(ranked_by, budget)
-    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranked_by)
+    ordered = sorted(best.values(), key=lambda r: _cost(r, ranking.mode, calls, first_use))
+    return Winner(ordered[0], ordered[1] if len(ordered) > 1 else None, None, ranking)
 
 
 def _decided_winner(cell: CellResult, best: dict[str, TrialRecord], verdict: Verdict,

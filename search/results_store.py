@@ -14,6 +14,8 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 
 from fusionlab.cell import Cell
+from fusionlab.errors import UserError
+from fusionlab.plan import StoredPlan
 from fusionlab.records import Status, TrialRecord
 from fusionlab.results import CellResult, Verdict
 from fusionlab.schema import SchemaError
@@ -43,23 +45,28 @@ def write_cell(study: optuna.Study, cell: Cell) -> None:
     study.set_user_attr(CELL_ATTR, cell.to_dict())
 
 
-def plan_id(plan: dict[str, Any]) -> str:
+def plan_id(plan: StoredPlan) -> str:
     """A plan's identity: a hash of its variants, shapes, dtypes and settings."""
-    return hashlib.sha1(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha1(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def write_plan(study: optuna.Study, plan: dict[str, Any]) -> None:
+def write_plan(study: optuna.Study, plan: StoredPlan) -> None:
     """Record one more sweep plan in a cell (each plan under its own key: two sweeps planning
     the same cell at once never overwrite each other's)."""
     key = f"{PLAN_ATTR}:{plan_id(plan)}"
     if key not in study.user_attrs:
-        study.set_user_attr(key, plan)
+        study.set_user_attr(key, plan.to_dict())
 
 
-def _plans_of(attrs: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every plan recorded in a cell, the older single-plan attribute included."""
+def _plans_of(study_name: str, attrs: dict[str, Any]) -> list[StoredPlan]:
+    """Every plan recorded in a cell, the older single-plan attribute included; a plan that
+    does not fit the schema is a UserError naming the study and the field."""
     plans = [value for key, value in attrs.items() if key.startswith(f"{PLAN_ATTR}:")]
-    return plans or ([attrs[PLAN_ATTR]] if PLAN_ATTR in attrs else [])
+    plans = plans or ([attrs[PLAN_ATTR]] if PLAN_ATTR in attrs else [])
+    try:
+        return [StoredPlan.from_dict(plan) for plan in plans]
+    except ValueError as error:  # a SchemaError, or settings out of range
+        raise UserError(f"study {study_name!r}: {error}") from None
 
 
 def verdict_key(mode: str, contenders: list[str]) -> str:
@@ -160,13 +167,13 @@ def cell_from_study(attrs: dict[str, Any], trials: list[FrozenTrial]) -> CellRes
     return result
 
 
-def planned_cells(storage: BaseStorage) -> list[tuple[Cell, dict[str, Any]]]:
+def planned_cells(storage: BaseStorage) -> list[tuple[Cell, StoredPlan]]:
     """Every cell a sweep planned in this storage, once per plan that names it."""
     return [
         (Cell.from_dict(study.user_attrs[CELL_ATTR]), plan)
         for study in storage.get_all_studies()
         if CELL_ATTR in study.user_attrs
-        for plan in _plans_of(study.user_attrs)
+        for plan in _plans_of(study.study_name, study.user_attrs)
     ]
 
 

@@ -21,14 +21,19 @@ from optuna.storages import BaseStorage
 
 from fusionlab.cell import Cell
 from fusionlab.measure import disturbance, stalls
-from fusionlab.measure.rounds import RoundsTask, StopRule
+from fusionlab.measure.rounds import (
+    ContenderRounds,
+    RoundsReply,
+    RoundsSummary,
+    RoundsTask,
+    StopRule,
+)
 from fusionlab.measure.screen import Screen, bar_for
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
-from fusionlab.plan import SweepPlan, plan_to_dict, valid_configs
-from fusionlab.records import Status, TrialRecord
-from fusionlab.registry import get_op
-from fusionlab.results import OUTCOMES, CellResult
+from fusionlab.plan import StoredPlan, SweepPlan, valid_configs
+from fusionlab.records import BusyWindow, TrialRecord
+from fusionlab.results import OUTCOMES, CellResult, Verdict
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
 from fusionlab.search.space import CellSpace, make_config
@@ -48,7 +53,7 @@ _POLL_S = 1.0  # how often a runner looks again while other runners hold a cell'
 def _versus_winner(
     winner: str,
     contenders: list[Contender],
-    outcome: dict[str, dict],
+    outcome: dict[str, ContenderRounds],
     baselines: list[TrialRecord],
 ) -> dict[str, list[float]]:
     """Each baseline over the winner, [ratio, low, high], from the rounds both were measured in;
@@ -59,12 +64,26 @@ def _versus_winner(
     for record in baselines:
         label = record.config_label()
         entry = outcome.get(label)
-        if label == winner or entry is None or entry["status"] != Status.PASSED.value:
+        if label == winner or entry is None or not entry.passed:
             continue
-        rounds = by_name[label].rounds if label in by_name else entry["rounds"]
+        rounds = by_name[label].rounds if label in by_name else entry.rounds
         if len(rounds) == len(mine.rounds) and all(rounds):
             paired[label] = paired_ratio(mine, Contender(label, "", None, rounds))
     return paired
+
+
+def _describe_rounds(verdict: Verdict, rounds: RoundsSummary, rule: StopRule) -> None:
+    """How the rounds went, into the verdict: their figures, and in its reason what disturbed
+    them and what a busy machine made implausible."""
+    verdict.rounds = rounds.stored()
+    verdict.rounds["from_disturbed"] = bool(rounds.disturbed) and rounds.quiet < rule.min_rounds
+    if rounds.disturbed:
+        verdict.reason += (
+            f"; {rounds.disturbed} of {rounds.run} rounds were disturbed by other processes, "
+            f"each measured again while the budget lasted (stopped: {rounds.stopped})"
+        )
+    if problem := implausible(verdict):
+        verdict.reason += f"; {problem}: a disturbed measurement, shown marked"
 
 
 def lease_from_env() -> claims.Lease:
@@ -131,7 +150,7 @@ class Sweep:
         self.extra_rounds = 0  # rounds beyond the minimum, because a cell was not decided yet
         self.extra_rounds_s = 0.0
         # (cell label, what other processes did) for each timed window
-        self.windows: list[tuple[str, dict]] = []
+        self.windows: list[tuple[str, BusyWindow]] = []
         self.stalled: list[str] = []  # configurations whose samples show a barrier stall
         self._cells: list[_OpenCell] = []
 
@@ -158,7 +177,7 @@ class Sweep:
         if store.CELL_ATTR not in study.user_attrs:
             store.write_cell(study, cell)
             store.write_metric_name(study, self.plan.rank_by)
-        store.write_plan(study, plan_to_dict(self.plan))  # every plan of the cell
+        store.write_plan(study, StoredPlan.of(self.plan))  # every plan of the cell
         variants = self.plan.cell_variants(cell.dtype)
         valid = [
             make_config(v.name, params)
@@ -305,7 +324,7 @@ class Sweep:
             self.screen_s += seconds
         else:
             self.search_s += seconds
-        if record.disturbance:
+        if record.disturbance is not None:
             self.windows.append((cell.cell.label, record.disturbance))
         for name, build_s in record.builds_s.items():  # a wait for another's build is shorter
             self.builds_s[name] = max(self.builds_s.get(name, 0.0), build_s)
@@ -345,7 +364,7 @@ class Sweep:
 
     def _baselines(self, result: CellResult) -> list[TrialRecord]:
         """The best configuration of the op's baseline and of its built-in, where measured."""
-        spec = get_op(self.plan.op)
+        spec = self.plan.spec
         best = result.best_per_variant(self.plan.rank_by)
         return [best[name] for name in dict.fromkeys((spec.baseline, spec.builtin))
                 if name in best]
@@ -383,8 +402,35 @@ class Sweep:
             return
         # A lone contender gets no rounds, but its audit all the same.
         rule = confirm.rule if len(chosen) > 1 else StopRule(min_rounds=0, max_rounds=0)
-        references = self._references(result, labels)
-        task = RoundsTask(
+        task = self._rounds_task(cell, chosen, self._references(result, labels), rule)
+        self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
+        self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
+        start = time.perf_counter()
+        reply = worker.run(task, self.plan.timeout_s * len(chosen) + confirm.rule.budget_s)
+        self.confirm_s += time.perf_counter() - start
+        self._count_rounds(cell, reply, rule)
+        contenders, dropped = self._survivors(cell, result, chosen, reply)
+        if dropped:  # a failed contender never wins: the cell is decided again without it
+            store.write_dropped(cell.study, dropped)
+        if not contenders:
+            claim.finish(None)  # every contender failed its rounds or audit: a failed measurement
+            return
+        verdict = decide(contenders)
+        verdict.contenders = labels
+        verdict.versus_winner = _versus_winner(verdict.winner, contenders, reply.contenders,
+                                               self._baselines(result))
+        _describe_rounds(verdict, reply.rounds, rule)
+        store.write_verdict(cell.study, mode, verdict)
+        claim.close(f"re-measured: {verdict.decision}")
+
+    def _rounds_task(
+        self, cell: _OpenCell, chosen: list[TrialRecord], references: list[TrialRecord],
+        rule: StopRule,
+    ) -> RoundsTask:
+        """The contenders and the references not among them, timed in the same rounds."""
+        confirm, mode = self.plan.confirm, self.plan.rank_by
+        assert confirm is not None
+        return RoundsTask(
             cell=cell.cell,
             contenders=[(r.config_label(), r.variant, dict(r.params))
                         for r in chosen + references],
@@ -395,65 +441,43 @@ class Sweep:
             decided_ms={r.config_label(): r.latency_ms(mode) or 0.0 for r in chosen},
             references=tuple(r.config_label() for r in references),
         )
-        self.notice(f"{cell.cell.label}: re-measuring {', '.join(labels)} in interleaved rounds")
-        self.starting(cell.cell, "re-measuring", {"contenders": len(chosen)})
-        start = time.perf_counter()
-        reply = worker.run(task, self.plan.timeout_s * len(chosen) + confirm.budget_s)
-        self.confirm_s += time.perf_counter() - start
+
+    def _count_rounds(self, cell: _OpenCell, reply: RoundsReply, rule: StopRule) -> None:
+        """This runner's tally of a cell's rounds: audits, disturbed windows, extra rounds."""
+        rounds = reply.rounds
         self.confirmed_here += 1
-        outcome, rounds = reply["contenders"], reply["rounds"]
-        self.audit_s += sum(entry.get("audit_s", 0.0) for entry in outcome.values())
-        self.windows.extend((cell.cell.label, w) for w in rounds["windows"] if w)
-        self.extra_rounds += max(0, rounds["run"] - rule.min_rounds)
-        if rounds["run"]:
-            share = max(0, rounds["run"] - rule.min_rounds) / rounds["run"]
-            self.extra_rounds_s += share * rounds["elapsed_s"]
-        variants = cell.space.variants
+        self.audit_s += sum(outcome.audit_s for outcome in reply.contenders.values())
+        self.windows.extend((cell.cell.label, w.window()) for w in rounds.windows if w)
+        extra = max(0, rounds.run - rule.min_rounds)
+        self.extra_rounds += extra
+        if rounds.run:
+            self.extra_rounds_s += extra / rounds.run * rounds.elapsed_s
+
+    def _survivors(
+        self, cell: _OpenCell, result: CellResult, chosen: list[TrialRecord], reply: RoundsReply
+    ) -> tuple[list[Contender], dict[str, dict[str, str]]]:
+        """The contenders that passed their rounds and audit, and the failed ones with why."""
+        mode, variants = self.plan.rank_by, cell.space.variants
         first_use = first_use_by_variant(result)
         contenders, dropped = [], {}
         for record in chosen:
-            entry = outcome.get(record.config_label(), {"status": Status.PASSED.value})
-            if entry["status"] != Status.PASSED.value or (rounds["run"] and not entry["rounds"]):
-                self.notice(
-                    f"  {record.config_label()} dropped: {entry['status']}: {entry['message']}"
-                )
-                if entry["status"] != Status.PASSED.value:
-                    dropped[record.config_label()] = {
-                        "status": entry["status"], "message": entry["message"]
-                    }
+            label = record.config_label()
+            outcome = reply.contenders.get(label, ContenderRounds())
+            if not outcome.passed or (reply.rounds.run and not outcome.rounds):
+                self.notice(f"  {label} dropped: {outcome.status.value}: {outcome.message}")
+                if not outcome.passed:
+                    dropped[label] = {"status": outcome.status.value, "message": outcome.message}
                 continue
             samples = record.timing_for(mode).samples_ms  # type: ignore[union-attr]
             contenders.append(
                 Contender(
-                    name=record.config_label(),
+                    name=label,
                     kind=variants[record.variant].kind,
                     first_use_ms=first_use.get(record.variant),
-                    rounds=entry.get("rounds") or [samples],
+                    rounds=outcome.rounds or [samples],
                 )
             )
-        if dropped:  # a failed contender never wins: the cell is decided again without it
-            store.write_dropped(cell.study, dropped)
-        if contenders:
-            verdict = decide(contenders)
-            verdict.contenders = labels
-            verdict.versus_winner = _versus_winner(verdict.winner, contenders, outcome,
-                                                   self._baselines(result))
-            verdict.rounds = {k: v for k, v in rounds.items() if k != "windows"}
-            quiet = rounds["run"] - rounds["disturbed"]
-            verdict.rounds["from_disturbed"] = bool(rounds["disturbed"]) and (
-                quiet < rule.min_rounds)
-            if rounds.get("disturbed"):
-                verdict.reason += (
-                    f"; {rounds['disturbed']} of {rounds['run']} rounds were disturbed by "
-                    f"other processes, each measured again while the budget lasted (stopped: "
-                    f"{rounds['stopped']})"
-                )
-            if problem := implausible(verdict):
-                verdict.reason += f"; {problem}: a disturbed measurement, shown marked"
-            store.write_verdict(cell.study, mode, verdict)
-            claim.close(f"re-measured: {verdict.decision}")
-        else:
-            claim.finish(None)  # every contender failed its rounds or audit: a failed measurement
+        return contenders, dropped
 
     def closing_line(self) -> str | None:
         """What this runner measured, what the re-measurement and its extra rounds cost, and how
@@ -468,12 +492,13 @@ class Sweep:
                 f"{self.screen_s:.1f} s: {self.screen_saved} full measurements saved)"
             )
         if self.confirmed_here and self.plan.confirm is not None:
+            rule = self.plan.confirm.rule
             line += (
                 f"; re-measuring {self.confirmed_here} cells took {self.confirm_s:.1f} s more "
                 f"(+{100 * self.confirm_s / max(self.search_s, 1e-9):.0f}%), "
                 f"{self.extra_rounds_s:.1f} s of it in {self.extra_rounds} rounds beyond the "
-                f"first {self.plan.confirm.min_rounds} of a cell (budget "
-                f"{self.plan.confirm.budget_s:g} s a cell), {self.audit_s:.1f} s in the audit of "
+                f"first {rule.min_rounds} of a cell (budget {rule.budget_s:g} s a cell), "
+                f"{self.audit_s:.1f} s in the audit of "
                 f"every contender (+{100 * self.audit_s / max(self.search_s, 1e-9):.0f}% of the "
                 "search)"
             )
@@ -500,5 +525,5 @@ class Sweep:
 
     def busy_warning(self) -> str | None:
         """One line with the figure when other processes disturbed this runner's timings."""
-        touched = [label for label, seen in self.windows if seen.get("disturbed")]
+        touched = [label for label, seen in self.windows if seen.disturbed]
         return disturbance.summary([seen for _, seen in self.windows], touched)

@@ -4,7 +4,6 @@ workers that join a planned sweep from any host (`fusionlab worker`), and where 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ from optuna.storages import BaseStorage
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, unavailable_reason
 from fusionlab.errors import UserError
-from fusionlab.plan import SweepPlan, plan_from_dict, plan_to_dict
+from fusionlab.plan import StoredPlan, SweepPlan
 from fusionlab.search import claims
 from fusionlab.search import results_store as store
 from fusionlab.search.runner import lease_from_env, measured_count
@@ -89,7 +88,7 @@ def start_local_workers(
 ) -> list[subprocess.Popen]:
     """`fusionlab worker` processes on this host, one per device (or core group), that work
     on this plan alone (another sweep's work in the same storage is left to its own workers)."""
-    ident = store.plan_id(plan_to_dict(plan))
+    ident = store.plan_id(StoredPlan.of(plan))
     command = [sys.executable, "-m", "fusionlab.cli", "worker", "--storage", url, "--op",
                plan.op, "--plan", ident]
     device = plan.device
@@ -112,10 +111,10 @@ def joinable_plans(
     if unsafe:
         raise UserError(unsafe)
     by_plan: dict[str, list[Cell]] = {}
-    plans: dict[str, dict] = {}
+    plans: dict[str, StoredPlan] = {}
     for cell, plan in store.planned_cells(storage):
-        if (op is None or cell.op == op) and plan_id in (None, store.plan_id(plan)):
-            key = json.dumps(plan, sort_keys=True)
+        key = store.plan_id(plan)
+        if (op is None or cell.op == op) and plan_id in (None, key):
             plans[key] = plan
             by_plan.setdefault(key, []).append(cell)
     if not plans:
@@ -126,23 +125,23 @@ def joinable_plans(
         )
     joined = []
     finished = 0
-    for key, data in plans.items():
-        reason = unavailable_reason(data["device"])
+    for key, stored in plans.items():
+        reason = unavailable_reason(stored.device)
         if reason is not None:
-            note(f"skipping the {data['op']} sweep on {data['device']}: {reason}")
+            note(f"skipping the {stored.op} sweep on {stored.device}: {reason}")
             continue
         # Joining all, a worker leaves alone the cells of sweeps with nothing left to claim (a
         # sweep's own workers, given its plan, still finish its re-measurements).
         if plan_id is None and not any(_has_work(storage, c) for c in by_plan[key]):
             finished += 1
             continue
-        plan = plan_from_dict(data)
+        plan = stored.plan()
         here = plan.cells()
         mine = {store.study_name(c) for c in here}
         if not any(store.study_name(c) in mine for c in by_plan[key]):
             sample = by_plan[key][0]
             note(
-                f"skipping the {data['op']} sweep on {sample.device_name}: this host is "
+                f"skipping the {stored.op} sweep on {sample.device_name}: this host is "
                 f"{plan.device.hardware_name()} with toolchain {here[0].toolchain_id}, "
                 f"the sweep's is {sample.toolchain_id}; install the same versions to join it"
             )
@@ -171,7 +170,7 @@ def status_rows(storage: BaseStorage, op: str | None) -> list[dict[str, object]]
         seen.add(store.study_name(cell))
         study = optuna.load_study(study_name=store.study_name(cell), storage=storage)
         status = claims.status(study, lease)
-        verdict = store.verdicts_of(study.user_attrs).get(plan["rank_by"])
+        verdict = store.verdicts_of(study.user_attrs).get(plan.rank_by)
         running = ", ".join(
             [f"{worker} ({n})" for worker, n in sorted(status.running.items())]
             + [f"{worker} ({n}, lease expired)" for worker, n in sorted(status.expired.items())]

@@ -49,9 +49,9 @@ def _others_share_now(seconds: float = 0.5) -> float:
 def test_a_cpu_hog_beside_a_trial_is_noticed(hogs: None) -> None:
     record = run_trial(TrialTask(cpu_cell("rmsnorm", (64, 1024)), "builtin", {}, timing=FAST))
     seen = record.disturbance
-    assert seen["disturbed"], seen
-    assert seen["other_share"] > disturbance.BUSY_SHARE
-    assert seen["other_cpu_s"] > 0 and seen["load"] > 0
+    assert seen is not None and seen.disturbed, seen
+    assert seen.other_share > disturbance.BUSY_SHARE
+    assert seen.other_cpu_s > 0 and seen.load > 0
     line = disturbance.summary([seen])
     assert line is not None and "the machine was busy" in line
 
@@ -67,7 +67,7 @@ def test_a_trial_alone_is_quiet_and_its_own_threads_do_not_count() -> None:
         pytest.skip(f"the machine is busy already (others use {100 * before:.0f}% of its cores)")
     record = run_trial(TrialTask(cpu_cell("rmsnorm", (64, 1024)), "builtin", {}, timing=FAST))
     seen = record.disturbance
-    assert not seen["disturbed"], seen
+    assert seen is not None and not seen.disturbed, seen
     assert disturbance.summary([seen]) is None
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import cpu_cell, run_cli
 
-from fusionlab.records import Status, Timing, TrialRecord
+from fusionlab.records import BusyWindow, Status, Timing, TrialRecord
 from fusionlab.report import export
 from fusionlab.report.tables import ROUND_FIGURES, SEARCH_FIGURES, best_row, display_rows
 from fusionlab.results import CellResult, Decision, Verdict, WinnersFile, classify
@@ -33,7 +33,8 @@ def _record(variant: str, latency_ms: float, spread: float = 0.01,
                          first_call_ms=0.1, timing=_timing(latency_ms, spread),
                          cold=_timing(latency_ms, spread), bytes_moved=4 * 64 * 8)
     if busy:
-        record.disturbance = {"other_share": 0.6, "disturbed": True, "attempts": 3}
+        record.disturbance = BusyWindow(wall_s=0.1, other_cpu_s=0.12, other_share=0.6, load=3.0,
+                                        mhz=None, disturbed=True, attempts=3)
     return record
 
 
@@ -135,7 +136,7 @@ def test_a_sweep_beside_a_hog_marks_every_disturbed_figure(hog, tmp_path: Path) 
     verdict = cell.verdicts["cold"]
     winner = cell.record_of(verdict.winner)
     # Whatever the hog left disturbed is marked, in the typed field and in the text.
-    search_busy = bool(winner.disturbance.get("disturbed"))
+    search_busy = winner.disturbance is not None and winner.disturbance.disturbed
     rounds_busy = bool(verdict.rounds.get("from_disturbed"))
     assert set(row["disturbed"]) == (set(SEARCH_FIGURES) if search_busy else set()) | (
         set(ROUND_FIGURES) if rounds_busy else set())
@@ -144,7 +145,7 @@ def test_a_sweep_beside_a_hog_marks_every_disturbed_figure(hog, tmp_path: Path) 
     if search_busy or rounds_busy:
         assert "measured while other processes used more than a quarter" in result.stdout
     if search_busy:  # re-measured before it was kept disturbed
-        assert winner.disturbance["attempts"] == 3
+        assert winner.disturbance is not None and winner.disturbance.attempts == 3
     # Every ratio agrees with the row's decision interval, from the same rounds.
     assert row["ci_low"] <= row["ratio"] <= row["ci_high"]
     assert classify(row["ci_low"], row["ci_high"], verdict.threshold).value == row["decision"]

@@ -16,6 +16,7 @@ from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
 from fusionlab.registry import get_op, load_plugin
+from fusionlab.schema import plain
 from fusionlab.winners import cell_winner
 
 ROUND3 = str(PLUGINS / "gaming_round3.py")
@@ -56,7 +57,7 @@ def _search_then_decision(worker: TrialWorker, variant: str, shape=(8, 256)) -> 
     decided = {"cheat": record["timing"]["median_ms"]}
     task = RoundsTask(cell, [("cheat", variant, {}), ("builtin", "builtin", {})], "warm",
                       _rounds(2), timing=FAST, decided_ms=decided)
-    return worker.run(task, 600)["contenders"]["cheat"]
+    return plain(worker.run(task, 600).contenders["cheat"])
 
 
 @pytest.mark.parametrize(("group", "variant", "statuses"), CASES)
@@ -107,14 +108,14 @@ def test_an_audited_latency_much_slower_than_the_decided_one_is_inconsistent() -
     cell = cpu_cell("rmsnorm", (64, 1024))
     task = RoundsTask(cell, [("naive", "naive", {})], "warm", _rounds(0), timing=FAST,
                       decided_ms={"naive": 1e-3})
-    outcome = task.run()["contenders"]["naive"]
-    if outcome["status"] == Status.UNJUDGED.value:  # a busy box disturbed every audited timing
-        assert "disturbed all" in outcome["message"], outcome["message"]
+    outcome = task.run().contenders["naive"]
+    if outcome.status is Status.UNJUDGED:  # a busy box disturbed every audited timing
+        assert "disturbed all" in outcome.message, outcome.message
     else:
-        assert outcome["status"] == Status.INCONSISTENT.value, outcome["message"]
+        assert outcome.status is Status.INCONSISTENT, outcome.message
     fair = RoundsTask(cell, [("naive", "naive", {})], "warm", _rounds(0),
-                      timing=FAST).run()["contenders"]["naive"]
-    assert fair["status"] == Status.PASSED.value, fair["message"]
+                      timing=FAST).run().contenders["naive"]
+    assert fair.status is Status.PASSED, fair.message
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -133,10 +134,10 @@ def test_honest_unusual_variants_pass_at_every_default_shape(dtype: str) -> None
 def test_honest_variants_pass_the_rounds_and_the_audit(dtype: str) -> None:
     cell = cpu_cell("rmsnorm", (32, 4096), dtype)
     contenders = [(name, name, {}) for name in [*HONEST, "builtin", "naive"]]
-    results = RoundsTask(cell, contenders, "warm", _rounds(2), timing=FAST).run()["contenders"]
+    results = RoundsTask(cell, contenders, "warm", _rounds(2), timing=FAST).run().contenders
     for label, outcome in results.items():
-        assert outcome["status"] == Status.PASSED.value, f"{label}: {outcome['message']}"
-        assert outcome["audit_s"] > 0
+        assert outcome.status is Status.PASSED, f"{label}: {outcome.message}"
+        assert outcome.audit_s > 0
 
 
 def test_a_variant_on_its_own_python_threads_is_flagged_as_invisible_work() -> None:

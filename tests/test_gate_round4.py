@@ -20,6 +20,7 @@ from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
 from fusionlab.registry import load_plugin
+from fusionlab.schema import plain
 
 ROUND4 = str(PLUGINS / "gaming_round4.py")
 load_plugin(ROUND4)
@@ -46,7 +47,7 @@ def _search_then_decision(worker: TrialWorker, variant: str, shape=(8, 256)) -> 
     task = RoundsTask(cell, [("cheat", variant, {}), ("builtin", "builtin", {})], "warm",
                       StopRule(min_rounds=2, max_rounds=2), timing=FAST,
                       decided_ms={"cheat": record["timing"]["median_ms"]})
-    return worker.run(task, 600)["contenders"]["cheat"]
+    return plain(worker.run(task, 600).contenders["cheat"])
 
 
 @pytest.mark.parametrize(("group", "variant", "statuses", "word"), CASES)

@@ -24,6 +24,7 @@ from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status
 from fusionlab.registry import get_op, get_variant, load_plugin
+from fusionlab.schema import plain
 
 ROUND5 = str(PLUGINS / "gaming_round5.py")
 load_plugin(ROUND5)
@@ -47,7 +48,7 @@ def _search_then_decision(worker: TrialWorker, variant: str, shape: tuple[int, .
     task = RoundsTask(cell, [("candidate", variant, {}), ("builtin", "builtin", {})], "warm",
                       StopRule(min_rounds=2, max_rounds=2), timing=FAST,
                       decided_ms={"candidate": record["timing"]["median_ms"]})
-    return worker.run(task, 600)["contenders"]["candidate"]
+    return plain(worker.run(task, 600).contenders["candidate"])
 
 
 @pytest.mark.parametrize(("variant", "expected"), sorted(PLUGIN.CAUGHT.items()))
@@ -137,6 +138,6 @@ def test_an_audit_disturbed_in_every_attempt_leaves_an_honest_contender_unjudged
     cell = cpu_cell("rmsnorm", (64, 1024))
     task = RoundsTask(cell, [("naive", "naive", {})], "warm", StopRule(min_rounds=0,
                       max_rounds=0), timing=FAST, decided_ms={"naive": 1e-3})
-    outcome = task.run()["contenders"]["naive"]
-    assert outcome["status"] == Status.UNJUDGED.value, outcome["message"]
-    assert "disturbed all 3 of its audited timings" in outcome["message"], outcome["message"]
+    outcome = task.run().contenders["naive"]
+    assert outcome.status is Status.UNJUDGED, outcome.message
+    assert "disturbed all 3 of its audited timings" in outcome.message, outcome.message

@@ -10,14 +10,14 @@ from conftest import cpu_cell
 
 from fusionlab import register_variant
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
-from fusionlab.measure.rounds import RoundsTask, StopRule, usable
+from fusionlab.measure.rounds import RoundsReply, RoundsTask, StopRule, usable
 from fusionlab.measure.timing import TimingSettings
 from fusionlab.records import Status
 
 _QUICK = TimingSettings(warmup_s=0.0, budget_s=0.005, min_samples=3, max_samples=5)
 
 
-def _rounds(contenders: list[str], rule: StopRule) -> dict:
+def _rounds(contenders: list[str], rule: StopRule) -> RoundsReply:
     task = RoundsTask(
         cell=cpu_cell("add_rmsnorm", (8, 256)),
         contenders=[(name, name, {}) for name in contenders],
@@ -69,13 +69,13 @@ def test_disturbed_rounds_do_not_count_and_are_left_out_once_enough_are_quiet() 
 def test_real_rounds_stop_when_decided() -> None:
     # naive (an ATen chain) against the in-place built-in at 8x256: far apart, decided early.
     outcome = _rounds(["naive", "builtin"], StopRule(min_rounds=3, max_rounds=30, budget_s=60.0))
-    rounds = outcome["rounds"]
-    for name, entry in outcome["contenders"].items():
-        assert entry["status"] == Status.PASSED.value, (name, entry["message"])
-    if rounds["stopped"] == "decided":  # on at least the 3 quiet rounds the rule needs
-        assert rounds["run"] - rounds["disturbed"] >= 3
+    rounds = outcome.rounds
+    for name, entry in outcome.contenders.items():
+        assert entry.status is Status.PASSED, (name, entry.message)
+    if rounds.stopped == "decided":  # on at least the 3 quiet rounds the rule needs
+        assert rounds.quiet >= 3
     else:  # a noisy machine: the rule went on, within its limits
-        assert rounds["stopped"] in {"settled", "max rounds", "budget"}
+        assert rounds.stopped in {"settled", "max rounds", "budget"}
 
 
 @register_variant("rmsnorm", "test-jittery", devices=("cpu",))
@@ -100,17 +100,17 @@ def test_real_rounds_of_an_undecidable_cell_respect_the_budget() -> None:
         timing=_QUICK,
     )
     outcome = task.run()
-    rounds = outcome["rounds"]
+    rounds = outcome.rounds
     # Two copies of one jittery kernel are rarely decided within 1.5 s: they may be found
     # equivalent (decided) or settle (every interval narrower than the threshold) on a quiet
     # moment; else the budget stops them. Whichever, the budget holds.
-    assert rounds["stopped"] in {"budget", "settled", "decided"}, rounds
-    assert 2 < rounds["run"] < 1000
-    longest = max(window["wall_s"] for window in rounds["windows"])
+    assert rounds.stopped in {"budget", "settled", "decided"}, rounds
+    assert 2 < rounds.run < 1000
+    longest = max(window.wall_s for window in rounds.windows if window is not None)
     # No round was started past the budget: what it took ends within one round of it, plus the
     # rule's own bootstrap between rounds (a margin that holds on a loaded 2-core machine).
-    assert rounds["elapsed_s"] <= budget + longest + 1.0
-    assert len(rounds["windows"]) == rounds["run"]
+    assert rounds.elapsed_s <= budget + longest + 1.0
+    assert len(rounds.windows) == rounds.run
 
 
 def test_in_place_contender_beside_out_of_place_ones() -> None:
@@ -118,13 +118,13 @@ def test_in_place_contender_beside_out_of_place_ones() -> None:
     # contenders are timed between its calls and checked against their references each round.
     rule = StopRule(min_rounds=3, max_rounds=3, budget_s=60.0)
     outcome = _rounds(["naive", "builtin-inplace", "builtin"], rule)
-    assert outcome["rounds"]["run"] == 3
-    for name, entry in outcome["contenders"].items():
-        assert entry["status"] == Status.PASSED.value, (name, entry["message"])
-        assert 0 < len(entry["rounds"]) <= 3
+    assert outcome.rounds.run == 3
+    for name, entry in outcome.contenders.items():
+        assert entry.status is Status.PASSED, (name, entry.message)
+        assert 0 < len(entry.rounds) <= 3
 
 
 def test_in_place_contender_first_in_the_order() -> None:
     rule = StopRule(min_rounds=2, max_rounds=2, budget_s=60.0)
     outcome = _rounds(["builtin-inplace", "naive"], rule)
-    assert all(e["status"] == Status.PASSED.value for e in outcome["contenders"].values()), outcome
+    assert all(e.passed for e in outcome.contenders.values()), outcome

@@ -16,10 +16,10 @@ def say(text: str) -> None:
 def _busy(record: TrialRecord) -> str:
     """`  busy!` and the figure when the trial's timing stayed disturbed after re-measuring."""
     seen = record.disturbance
-    if not seen.get("disturbed"):
+    if seen is None or not seen.disturbed:
         return ""
-    return (f"  busy{BUSY_MARK} others used {100 * seen['other_share']:.0f}% of the cores "
-            f"({seen.get('attempts', 1)} attempts)")
+    return (f"  busy{BUSY_MARK} others used {100 * seen.other_share:.0f}% of the cores "
+            f"({seen.attempts} attempts)")
 
 
 def trial_line(record: TrialRecord, index: int, total: int, prefix: str = "") -> None:

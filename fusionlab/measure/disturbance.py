@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from fusionlab.records import BusyWindow
+
 BUSY_SHARE = 0.25
 """A window is disturbed when other processes used more than a quarter of its CPU capacity on
 this process's cores: enough to deschedule one of two threads for a quarter of the time."""
@@ -46,6 +48,10 @@ class Disturbance:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "disturbed": self.disturbed}
+
+    def window(self) -> BusyWindow:
+        """As a record keeps it (one attempt)."""
+        return BusyWindow(**asdict(self), disturbed=self.disturbed)
 
 
 def _cores() -> list[int]:
@@ -119,15 +125,21 @@ def mark_busy(note: str, seen: Disturbance | None) -> str:
     return f"{note}; {mark}" if note else mark
 
 
-def summary(seen: list[dict[str, Any]], touched: Sequence[str] = ()) -> str | None:
+def window_of(seen: dict[str, Any], attempts: int) -> BusyWindow | None:
+    """A window's figures (`Disturbance.to_dict`) as a trial record keeps them, with the
+    timings it took; None where nothing was readable (`seen` empty)."""
+    return BusyWindow.from_dict({**seen, "attempts": attempts}) if seen else None
+
+
+def summary(seen: Sequence[BusyWindow], touched: Sequence[str] = ()) -> str | None:
     """One line for a sweep that saw disturbed windows, with the figure and the rows they
     touched; None when quiet."""
-    disturbed = [s for s in seen if s.get("disturbed")]
+    disturbed = [s for s in seen if s.disturbed]
     if not disturbed:
         return None
-    share = statistics.median(s["other_share"] for s in seen)
-    worst = max(s["other_share"] for s in seen)
-    load = max(s["load"] for s in seen)
+    share = statistics.median(s.other_share for s in seen)
+    worst = max(s.other_share for s in seen)
+    load = max(s.load for s in seen)
     rows = f" (rows: {', '.join(dict.fromkeys(touched))})" if touched else ""
     return (
         f"the machine was busy: other processes used {100 * share:.0f}% of this sweep's cores "

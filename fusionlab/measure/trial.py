@@ -482,7 +482,7 @@ def _time_quietly(task: TrialTask, m: Measured, record: TrialRecord, phase: _Pha
         if seen is None or not seen.disturbed:
             break
     _, record.timing, record.cold, window = min(attempts, key=lambda attempt: attempt[0])
-    record.disturbance = {**window, "attempts": len(attempts)} if window else {}
+    record.disturbance = disturbance.window_of(window, len(attempts))
 
 
 def check_bandwidth(

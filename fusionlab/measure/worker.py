@@ -11,12 +11,13 @@ import threading
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from fusionlab.measure import allocator
 from fusionlab.records import Status
 
 _READY_TIMEOUT_S = 300.0
+R = TypeVar("R")
 
 
 def _serve(
@@ -65,12 +66,15 @@ def _serve(
             return
 
 
-class Task(Protocol):
+Reply = TypeVar("Reply", covariant=True)
+
+
+class Task(Protocol[Reply]):
     """A unit of work for the worker: runs there, or says how it failed when the worker did."""
 
-    def run(self) -> dict[str, Any]: ...
+    def run(self) -> Reply: ...
 
-    def failed(self, status: Status, message: str) -> dict[str, Any]: ...
+    def failed(self, status: Status, message: str) -> Reply: ...
 
 
 class TrialWorker:
@@ -129,7 +133,7 @@ class TrialWorker:
         """The worker process's id while one runs (a retired worker's successor has another)."""
         return self._process.pid if self._process is not None else None
 
-    def run(self, task: Task, timeout_s: float) -> dict[str, Any]:
+    def run(self, task: Task[R], timeout_s: float) -> R:
         """Run one task; a hang becomes TIMEOUT and a dead worker CRASHED."""
         conn = self._conn or self._start()
         log_offset = Path(self.log_path).stat().st_size

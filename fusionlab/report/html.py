@@ -15,7 +15,7 @@ import torch
 from fusionlab.records import TrialRecord
 from fusionlab.registry import get_op, variants_of
 from fusionlab.report.plots import Plot, scaling_plots, winners_plot
-from fusionlab.report.tables import best_rows, display_rows
+from fusionlab.report.tables import best_rows, texts_by_key
 from fusionlab.results import CellResult, WinnerRow
 
 _STYLE = """
@@ -118,7 +118,7 @@ def _cell_section(cell: CellResult, row: WinnerRow, shown: dict[str, str], mode:
         rows,
         classes,
     )
-    ratio = shown["runner-up/winner [95% CI]"]
+    ratio = shown["ratio"]
     reason = row.reason or (f"runner-up/winner {ratio}" if ratio != "-" else "")
     return (
         f"<h3>{escape(cell.cell.label)} <span class='muted'>on "
@@ -176,7 +176,7 @@ def render(
     """The page, and the plot files written to `plots_dir` (SVG and PNG) when it is given."""
     spec = get_op(op)
     rows = best_rows(cells, mode)
-    shown = display_rows(rows, op)
+    shown = texts_by_key(rows, op)
     variants = _variants(op, cells)
     plots = [
         winners_plot(cells, rows, variants, spec.baseline),
@@ -200,16 +200,10 @@ def render(
         ],
         [
             [
-                text["shape"],
-                text["dtype"],
-                text["fastest"],
-                text["params"],
-                text["median ms"],
-                text[f"vs {spec.baseline}"],
-                text[f"vs {spec.builtin}"],
-                text["decision"],
-                text["runner-up/winner [95% CI]"],
-                text["failed"],
+                text[key]
+                for key in ("shape", "dtype", "fastest", "params", "median_ms",
+                            "speedup_vs_baseline", "speedup_vs_builtin", "decision", "ratio",
+                            "failed")
             ]
             for text in shown
         ],

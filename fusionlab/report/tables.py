@@ -15,8 +15,9 @@ from fusionlab.results import CellResult, OutOfPlace, Verdict, WinnerRow
 from fusionlab.shapes import format_shape
 from fusionlab.verdict import implausible
 from fusionlab.winners import (
+    Ranking,
+    Winner,
     break_even,
-    budget_label,
     cell_winner,
     first_use_by_variant,
     writes_inputs,
@@ -80,7 +81,7 @@ def disturbed_figures(best: TrialRecord, verdict: Verdict | None) -> list[str]:
     """The keys of the row's figures that come from a disturbed window: the winner's trial
     (still disturbed after its re-measurements), the rounds (fewer quiet rounds than a verdict
     needs, so disturbed ones were used)."""
-    busy = list(SEARCH_FIGURES) if best.disturbance.get("disturbed") else []
+    busy = list(SEARCH_FIGURES) if best.disturbance and best.disturbance.disturbed else []
     if verdict is not None and (verdict.rounds.get("from_disturbed") or implausible(verdict)):
         busy += ROUND_FIGURES
     return busy
@@ -172,8 +173,8 @@ def _label(variant: str, inplace: bool) -> str:
 def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None,
              memory_budget_mb: float | None = None) -> WinnerRow:
     """The typed row for one cell; numbers stay numbers (None where unknown)."""
-    spec = get_op(cell.cell.op)
     failures = cell.failures()
+    ranking = Ranking.of(cell, mode, calls, memory_budget_mb)
     row = WinnerRow(
         device=cell.cell.device_name,
         threads=cell.cell.threads,
@@ -183,18 +184,44 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None,
         failed=len(failures),
         measured=len(cell.records),
         failures=dict(Counter(r.status.value for r in failures)),
-        ranked_by=_ranked_by(cell, mode, calls, memory_budget_mb),
+        ranked_by=ranking.label(),
         toolchain=dict(cell.cell.toolchain),
     )
     winner = cell_winner(cell, mode, calls, memory_budget_mb=memory_budget_mb)
     if winner is None:
-        if cell.ranked(mode) and "MB" in row.ranked_by:
+        if cell.ranked(mode) and ranking.budget_mb is not None:
             row.label = f"none within {memory_budget_mb:g} MB"
         return row
     best = winner.record
+    _latency_figures(row, best, cell, mode)
+    _memory_figures(row, best)
+    row.disturbed = disturbed_figures(best, winner.verdict)
+    row.noisy = noisy_figures(best, mode)
+    _speedups(row, winner, cell, mode)
+    if winner.runner_up is not None:
+        row.runner_up = winner.runner_up.variant
+        row.runner_up_label = _label(row.runner_up, writes_inputs(winner.runner_up))
+    if row.inplace:
+        keeps_inputs = cell_winner(cell, mode, calls, allow_inplace=False,
+                                   memory_budget_mb=memory_budget_mb)
+        if keeps_inputs is not None:
+            row.out_of_place = OutOfPlace(
+                keeps_inputs.record.variant, dict(keeps_inputs.record.params)
+            )
+    verdict = winner.verdict
+    if verdict is not None and verdict.runner_up:
+        row.ratio, row.ci_low, row.ci_high = verdict.ratio, verdict.ci_low, verdict.ci_high
+        row.reason = verdict.reason
+    if winner.runner_up is not None or winner.verdict is not None or memory_budget_mb is not None:
+        row.decision = winner.decision  # a budget's winner says so, even as the only one that fits
+    _fusion_figures(row, best)
+    return row
+
+
+def _latency_figures(row: WinnerRow, best: TrialRecord, cell: CellResult, mode: str) -> None:
+    """The winner's names, latencies, bandwidth and first use."""
     timing = best.timing_for(mode)
     assert timing is not None
-    per_variant = cell.best_per_variant(mode)
     row.variant, row.params, row.inplace = best.variant, dict(best.params), writes_inputs(best)
     row.label = _label(best.variant, row.inplace)
     row.median_ms, row.iqr_pct = timing.median_ms, 100 * timing.relative_iqr
@@ -202,16 +229,25 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None,
     row.cold_ms = best.cold.median_ms if best.cold is not None else None
     row.gbps = best.gbps(mode)
     row.first_use_ms = first_use_by_variant(cell).get(best.variant)
+    share = best.limit_share(mode)
+    if share is not None:
+        row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
+
+
+def _memory_figures(row: WinnerRow, best: TrialRecord) -> None:
+    """What a pass with a backward held (none for the forward)."""
     if best.memory is not None:
         row.saved_mb = best.memory.saved_bytes / 1e6
         row.forward_peak_mb = best.memory.forward_peak_bytes / 1e6
         row.backward_peak_mb = best.memory.backward_peak_bytes / 1e6
-    share = best.limit_share(mode)
-    if share is not None:
-        row.pct_fresh_copy, row.pct_inplace_copy = 100 * share["fresh"], 100 * share["inplace"]
-    verdict = winner.verdict
-    row.disturbed = disturbed_figures(best, verdict)
-    row.noisy = noisy_figures(best, mode)
+
+
+def _speedups(row: WinnerRow, winner: Winner, cell: CellResult, mode: str) -> None:
+    """The winner over the op's baseline and built-in: 1.0 when it is one of them, else the
+    paired ratio of the rounds where both were measured; and the break-even call counts."""
+    best, verdict = winner.record, winner.verdict
+    spec = get_op(cell.cell.op)
+    per_variant = cell.best_per_variant(mode)
     paired = verdict.versus_winner if verdict is not None and (
         verdict.winner == best.config_label()) else {}
     for key, name in (("baseline", spec.baseline), ("builtin", spec.builtin)):
@@ -223,35 +259,15 @@ def best_row(cell: CellResult, mode: str = "cold", calls: int | None = None,
             setattr(row, f"speedup_vs_{key}", ratio)
             setattr(row, f"speedup_vs_{key}_ci", [low, high])
         setattr(row, f"break_even_vs_{key}", break_even(best, other, cell, mode))
-    if winner.runner_up is not None:
-        row.runner_up = winner.runner_up.variant
-        row.runner_up_label = _label(row.runner_up, writes_inputs(winner.runner_up))
-    if row.inplace:
-        keeps_inputs = cell_winner(cell, mode, calls, allow_inplace=False,
-                                   memory_budget_mb=memory_budget_mb)
-        if keeps_inputs is not None:
-            row.out_of_place = OutOfPlace(
-                keeps_inputs.record.variant, dict(keeps_inputs.record.params)
-            )
-    if verdict is not None and verdict.runner_up:
-        row.ratio, row.ci_low, row.ci_high = verdict.ratio, verdict.ci_low, verdict.ci_high
-        row.reason = verdict.reason
-    if winner.runner_up is not None or winner.verdict is not None or memory_budget_mb is not None:
-        row.decision = winner.decision  # a budget's winner says so, even as the only one that fits
+
+
+def _fusion_figures(row: WinnerRow, best: TrialRecord) -> None:
+    """Device ops, memory traffic and idle share per call, where profiled."""
     if best.fusion is not None:
         row.ops_per_call = best.fusion.device_ops
         row.mb_per_call = best.fusion.memory_bytes / 1e6
         if best.fusion.idle_share is not None:
             row.idle_pct = 100 * best.fusion.idle_share
-    return row
-
-
-def _ranked_by(cell: CellResult, mode: str, calls: int | None,
-               memory_budget_mb: float | None) -> str:
-    ranked_by = mode if calls is None else f"{mode} + {calls} calls x latency"
-    if memory_budget_mb is not None and cell.cell.pass_name != "forward":
-        return budget_label(ranked_by, memory_budget_mb)
-    return ranked_by
 
 
 def best_rows(
@@ -261,19 +277,26 @@ def best_rows(
     return [best_row(cell, mode, calls, memory_budget_mb) for cell in cells]
 
 
-def display_rows(
-    rows: list[WinnerRow], op: str, with_device: bool = True
+def texts_by_key(
+    rows: list[WinnerRow], op: str, with_device: bool = True, by_header: bool = False
 ) -> list[dict[str, str]]:
-    """The rows as the text every format shows ('-' for unknown)."""
+    """The rows as the text every format shows ('-' for unknown), by column key (by its
+    header with `by_header`)."""
     spec = get_op(op)
     shown = []
     for row in rows:
-        text = {c.header: _marked(_figure(c, row), c.key in row.disturbed)
-                for c in columns(spec.baseline, spec.builtin)}
-        if not with_device:
-            text.pop("device")
+        text = {c.header if by_header else c.key: _marked(_figure(c, row), c.key in row.disturbed)
+                for c in columns(spec.baseline, spec.builtin)
+                if with_device or c.key != "device"}
         shown.append(text)
     return shown
+
+
+def display_rows(
+    rows: list[WinnerRow], op: str, with_device: bool = True
+) -> list[dict[str, str]]:
+    """The rows as the text every format shows ('-' for unknown), by column header."""
+    return texts_by_key(rows, op, with_device, by_header=True)
 
 
 def _figure(column: Column, row: WinnerRow) -> str | None:
