@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import sqlite_url
 
 from fusionlab.cell import Cell
 
@@ -34,7 +35,7 @@ def interruptible() -> None:
 
 @pytest.fixture
 def storage_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'results.db'}"
+    return sqlite_url(tmp_path / "results.db")
 
 
 def cpu_cell(op: str, shape: tuple[int, ...], dtype: str = "float32") -> Cell:

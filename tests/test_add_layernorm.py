@@ -15,13 +15,14 @@ import numpy as np
 import pytest
 import torch
 from conftest import cpu_cell
+from helpers import QUICK_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher, cli, sweep
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.add_layernorm import cpu_cpp, nki_kernel
 from fusionlab.kernels.add_layernorm.spec import ADD_LAYERNORM, add_layer_norm_float64
 from fusionlab.kernels.layernorm.spec import layer_norm_float64
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_variant
@@ -30,7 +31,6 @@ from fusionlab.winners import cell_winner
 
 _UNAVAILABLE = cpu_cpp.unavailable_reason()
 needs_cpp = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 EPS = 1e-5
 DTYPES = (torch.float32, torch.bfloat16)
 TRITON = {"block_size": 128, "rows_per_program": 2, "threads_per_row": 16}
@@ -180,7 +180,7 @@ def test_a_quick_sweep_decides_a_cell_and_the_dispatcher_serves_its_winner(tmp_p
     """A quick sweep (in this process) gates and measures the C++ kernel beside the framework's
     lowerings and decides the cell; `fusionlab export` writes its winner, which the Dispatcher
     serves from the storage and from the file, with correct values."""
-    url = f"sqlite:///{tmp_path / 'results.db'}"
+    url = sqlite_url(tmp_path / "results.db")
     (cell,) = sweep("add_layernorm", "8x256", "float32", device="cpu", storage=url,
                     variants=["naive", "builtin", "cpp"], quick=True, timing=FAST)
     assert {r.variant for r in cell.records if r.status is Status.PASSED} == {

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab.measure import allocator
 from fusionlab.search.results_store import load_cells
@@ -30,7 +31,7 @@ def test_each_setting_reaches_the_measuring_process_and_is_recorded(
     probe = tmp_path / "allocator.txt"
     monkeypatch.setenv("FUSIONLAB_ALLOCATOR_PROBE", str(probe))
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")  # the user's own: `fixed` controls it too
-    url = f"sqlite:///{tmp_path / 'allocator.db'}"
+    url = sqlite_url(tmp_path / "allocator.db")
     expected = {
         "fixed": "MALLOC_MMAP_THRESHOLD_=134217728 MALLOC_TRIM_THRESHOLD_=536870912 "
                  "THP_MEM_ALLOC_ENABLE=-",

@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 from conftest import PLUGINS, cpu_cell, run_cli
+from helpers import GATE_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab.measure.passes import (
     BACKWARD,
@@ -17,7 +19,6 @@ from fusionlab.measure.passes import (
     gradient_tolerance,
     pass_spec,
 )
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_op, load_plugin
@@ -32,7 +33,6 @@ CHEATS = next(
     module.EXPECTED for name, module in sys.modules.items()
     if name.startswith("fusionlab_plugin_grad_cheats_")
 )
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
 
 
 def _trial(op: str, shape: tuple[int, ...], dtype: str, pass_name: str, variant: str,
@@ -111,7 +111,7 @@ def test_gradient_references_are_float64_autograd() -> None:
 
 
 def test_backward_and_forward_backward_sweeps_decide_cells(tmp_path) -> None:
-    storage = f"sqlite:///{tmp_path / 'passes.db'}"
+    storage = sqlite_url(tmp_path / "passes.db")
     for pass_name in (BACKWARD, FORWARD_BACKWARD):
         done = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "64x512", "--variants",
                        "naive,cpp", "--pass", pass_name, "--storage", storage, "--no-screen",

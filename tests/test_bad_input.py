@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 import torch
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher, api, cli
 from fusionlab.errors import UserError
@@ -28,7 +29,7 @@ def place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         db.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
         db.execute("INSERT INTO invoices VALUES (1, 9.5)")
     (tmp_path / FOREIGN_JOURNAL).write_text("shopping list\nmilk\n")
-    optuna.create_study(storage=f"sqlite:///{tmp_path / OPTUNA_DB}", study_name="unrelated")
+    optuna.create_study(storage=sqlite_url(tmp_path / OPTUNA_DB), study_name="unrelated")
     return tmp_path
 
 
@@ -74,33 +75,33 @@ CASES = {
     "profile seed beyond 64 bits": ([*PROFILE, "cpp", "--seed", str(2**70)], "--seed must be"),
     # export
     "export --calls -5": (["export", "rmsnorm", "--calls", "-5", "--storage",
-                           f"sqlite:///{OPTUNA_DB}"], "--calls must be at least 1"),
+                           sqlite_url(OPTUNA_DB)], "--calls must be at least 1"),
     "export into a foreign SQLite file": (["export", "rmsnorm", "--storage",
-                                           f"sqlite:///{FOREIGN_DB}"], "not an Optuna storage"),
+                                           sqlite_url(FOREIGN_DB)], "not an Optuna storage"),
     "export from a file that is no journal": (["export", "rmsnorm", "--storage",
                                                f"journal:{FOREIGN_JOURNAL}"],
                                               "not an Optuna storage"),
-    "export path not writable": (["export", "rmsnorm", "--storage", f"sqlite:///{OPTUNA_DB}",
+    "export path not writable": (["export", "rmsnorm", "--storage", sqlite_url(OPTUNA_DB),
                                   "-o", UNWRITABLE], "cannot write"),
-    "export unknown column": (["export", "rmsnorm", "--storage", f"sqlite:///{OPTUNA_DB}",
+    "export unknown column": (["export", "rmsnorm", "--storage", sqlite_url(OPTUNA_DB),
                                "--format", "csv", "--columns", "nosuchcolumn"],
                               "unknown column nosuchcolumn"),
-    "export unknown op": (["export", "nosuchop", "--storage", f"sqlite:///{OPTUNA_DB}"],
+    "export unknown op": (["export", "nosuchop", "--storage", sqlite_url(OPTUNA_DB)],
                           "unknown op 'nosuchop'"),
     # status
-    "status --op nosuchop": (["status", "--storage", f"sqlite:///{OPTUNA_DB}", "--op",
+    "status --op nosuchop": (["status", "--storage", sqlite_url(OPTUNA_DB), "--op",
                               "nosuchop"], "unknown op 'nosuchop'"),
-    "status of a foreign SQLite file": (["status", "--storage", f"sqlite:///{FOREIGN_DB}"],
+    "status of a foreign SQLite file": (["status", "--storage", sqlite_url(FOREIGN_DB)],
                                         "not an Optuna storage"),
     "status of a missing file": (["status", "--storage", "sqlite:///nothing-here.db"],
                                  "no results at"),
     # worker
-    "worker on a foreign SQLite file": (["worker", "--storage", f"sqlite:///{FOREIGN_DB}"],
+    "worker on a foreign SQLite file": (["worker", "--storage", sqlite_url(FOREIGN_DB)],
                                         "SQLite, which cannot serve parallel workers"),
     "worker on a file that is no journal": (["worker", "--storage",
                                              f"journal:{FOREIGN_JOURNAL}"],
                                             "not an Optuna storage"),
-    "worker where no sweep is planned": (["worker", "--storage", f"sqlite:///{OPTUNA_DB}"],
+    "worker where no sweep is planned": (["worker", "--storage", sqlite_url(OPTUNA_DB)],
                                          "SQLite, which cannot serve parallel workers"),
     # list
     "list with a missing plugin": (["list", "--plugin", "no-such-plugin.py"], "no-such-plugin"),
@@ -149,12 +150,12 @@ def test_the_dispatcher_refuses_what_it_cannot_dispatch(tmp_path: Path) -> None:
 def test_the_python_api_refuses_bad_input_and_writes_nothing(place: Path) -> None:
     before = _snapshot(place)
     with pytest.raises(UserError, match="does not parse"):
-        api.sweep("rmsnorm", "\u00b2x4096", storage=f"sqlite:///{place / 'api.db'}")
+        api.sweep("rmsnorm", "\u00b2x4096", storage=sqlite_url(place / "api.db"))
     with pytest.raises(UserError, match="--timeout must be at most"):
         api.sweep("rmsnorm", "4x256", timeout_s=float("inf"),
-                  storage=f"sqlite:///{place / 'api.db'}")
+                  storage=sqlite_url(place / "api.db"))
     with pytest.raises(UserError, match="not an Optuna storage"):
-        api.stored_cells("rmsnorm", storage=f"sqlite:///{FOREIGN_DB}")
+        api.stored_cells("rmsnorm", storage=sqlite_url(FOREIGN_DB))
     with pytest.raises(UserError, match="not an Optuna storage"):
-        Dispatcher("rmsnorm", storage=f"sqlite:///{FOREIGN_DB}")
+        Dispatcher("rmsnorm", storage=sqlite_url(FOREIGN_DB))
     assert _snapshot(place) == before

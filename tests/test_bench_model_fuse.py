@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import sqlite_url
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.cli import main
@@ -65,7 +66,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("bench-fuse")
     model = tiny_model("llama-tiny", overrides=LLAMA)
     capture(model, causal_lm_steps(model, TOKENS), repeats=3).save(folder / "cap.json")
-    url = f"sqlite:///{folder / 'results.db'}"
+    url = sqlite_url(folder / "results.db")
     for op in ("rmsnorm", "add_rmsnorm"):
         sweep(op, "1x1x64", "float32", storage=url, quick=True, variants="naive,builtin")
     return folder, url
@@ -152,7 +153,7 @@ def test_a_model_dynamo_cannot_trace_keeps_its_eager_rows(swept, tmp_path, capsy
 def test_bad_fuse_options_say_what_to_fix_in_one_line(tmp_path, capsys, extra, message) -> None:
     model = tiny_model("llama-tiny", overrides=LLAMA)
     capture(model, causal_lm_steps(model, TOKENS), repeats=1).save(tmp_path / "cap.json")
-    url = f"sqlite:///{tmp_path / 'results.db'}"
+    url = sqlite_url(tmp_path / "results.db")
     try:
         code = main(_bench(tmp_path, url, "--model", "llama-tiny", *extra))
     except SystemExit as exit_:  # argparse refuses unknown values before the command runs

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from conftest import PLUGINS, interruptible, run_cli
+from helpers import sqlite_url
 
 
 def test_compare_prints_tables_verdicts_and_writes_traces(tmp_path: Path) -> None:
@@ -31,7 +32,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     db = tmp_path / "results.db"
     command = [sys.executable, "-m", "fusionlab.cli", "sweep", "rmsnorm", "--quick",
                "--shapes", "2x64", "--variants", "naive,hangs", "--plugin",
-               str(PLUGINS / "misbehaving.py"), "--storage", f"sqlite:///{db}"]
+               str(PLUGINS / "misbehaving.py"), "--storage", sqlite_url(db)]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, preexec_fn=interruptible)
     assert process.stderr is not None
@@ -48,7 +49,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_what_was_measured(tmp_path: Path) -> Non
     with sqlite3.connect(db) as connection:
         states = [row[0] for row in connection.execute("select state from trials")]
     assert states.count("COMPLETE") == 1 and "RUNNING" not in states
-    resumed = run_cli(*command[3:-4], "--variants", "naive", "--storage", f"sqlite:///{db}",
+    resumed = run_cli(*command[3:-4], "--variants", "naive", "--storage", sqlite_url(db),
                       cwd=tmp_path)
     assert resumed.returncode == 0 and "] 2x64" not in resumed.stderr
 

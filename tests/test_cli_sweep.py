@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab.api import stored_cells
 from fusionlab.records import Status
@@ -32,7 +33,7 @@ def _trial_count(db: Path) -> int:
 def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     """One real sweep with misbehaving variants, shared by the tests below."""
     folder = tmp_path_factory.mktemp("sweep")
-    url = f"sqlite:///{folder / 'results.db'}"
+    url = sqlite_url(folder / "results.db")
     result = run_cli(*SWEEP, "--storage", url, "--export", "best.csv", cwd=folder)
     assert result.returncode == 0, result.stderr
     return folder, url, result.stdout + result.stderr

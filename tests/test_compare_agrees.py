@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from conftest import run_cli
+from helpers import sqlite_url
 
 CELL = ["rmsnorm", "--variants", "naive,builtin"]
 SHAPE, DTYPE = "64x4096", "float32"
@@ -24,7 +25,7 @@ def _compare_medians(output: str) -> dict[str, tuple[float, float]]:
 
 
 def test_compare_and_sweep_agree_on_a_fixed_cell(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'agree.db'}"
+    url = sqlite_url(tmp_path / "agree.db")
     swept = run_cli("sweep", *CELL, "--shapes", SHAPE, "--dtypes", DTYPE, "--rank-by", "warm",
                     "--storage", url, "--export", "rows.json", cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr[-2000:]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from helpers import sqlite_url
 
 from fusionlab.records import Status
 from fusionlab.search.results_store import load_cells
@@ -60,7 +61,7 @@ def test_the_audits_one_thread_retry_compiles_nothing_inside_its_window(pass_nam
 
 
 def test_a_one_thread_compiled_sweep_has_no_suspicious_configuration(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'compiled.db'}"
+    url = sqlite_url(tmp_path / "compiled.db")
     done = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "8x256", "--variants", "compiled",
                    "--pass", "forward+backward", "--threads", "1", "--storage", url,
                    cwd=tmp_path)

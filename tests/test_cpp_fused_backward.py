@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import run_cli
+from helpers import sqlite_url
 
 from fusionlab.errors import RegistrationError
 from fusionlab.kernels.add_layernorm import cpu_backward as add_ln_backward
@@ -423,7 +424,7 @@ def test_new_add_ops_pass_opcheck(loaded, dtype):
 def test_a_backward_sweep_of_add_rmsnorm_measures_the_fused_backward(tmp_path):
     """A real quick sweep of the backward pass decides its cell with both backwards measured and
     every record through the gradient gate."""
-    storage = f"sqlite:///{tmp_path / 'add.db'}"
+    storage = sqlite_url(tmp_path / "add.db")
     done = run_cli("sweep", "add_rmsnorm", "--pass", "backward", "--variants", "cpp",
                    "--shapes", "64x256", "--dtypes", "float32", "--quick", "--no-screen",
                    "--storage", storage, cwd=tmp_path)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import cpu_cell, run_cli
+from helpers import sqlite_url
 
 from fusionlab.records import BusyWindow, Status, Timing, TrialRecord
 from fusionlab.report import export
@@ -122,7 +123,7 @@ def hog():
 
 
 def test_a_sweep_beside_a_hog_marks_every_disturbed_figure(hog, tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+    url = sqlite_url(tmp_path / "r.db")
     result = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "8x1024", "--variants",
                      "naive,builtin", "--device", "cpu", "--storage", url, "--export",
                      "rows.json", cwd=tmp_path)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import sqlite_url
 from torch import nn
 from transformers import GPT2Config, LlamaConfig, Qwen3Config
 
@@ -135,7 +136,7 @@ def test_sweep_add_rmsnorm_from_capture_sweeps_the_candidates_keys(
     out = capsys.readouterr().out
     assert "prefill  add+norm  add_rmsnorm  1x4x32 float32" in out
     assert "add (sum reused) > rmsnorm" in out and "add > rmsnorm" in out
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+    url = sqlite_url(tmp_path / "r.db")
     assert main(["sweep", "add_rmsnorm", "--from-capture", "cap.json", "--quick",
                  "--variants", "builtin", "--storage", url]) == 0
     cells = load_cells(open_storage(url, must_exist=True), "add_rmsnorm")

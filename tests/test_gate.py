@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 from conftest import PLUGINS, cpu_cell
+from helpers import GATE_TIMING as FAST
 
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
 from fusionlab.registry import get_op, load_plugin, register_variant
@@ -20,7 +20,6 @@ EXPECTED = next(
     if name.startswith("fusionlab_plugin_gaming_")
 )
 
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
 CASES = [(principle, *case) for principle, cases in EXPECTED.items() for case in cases]
 
 

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 from conftest import PLUGINS, cpu_cell, run_cli
+from helpers import GATE_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab.api import stored_cells
 from fusionlab.measure.rounds import RoundsTask, StopRule
@@ -32,7 +34,6 @@ def _module(stem: str):
 EXPECTED = _module("gaming_round3").EXPECTED
 HONEST = _module("gaming_honest").HONEST
 THREAD_POOL = _module("gaming_honest").INVISIBLE_TO_THE_PROFILER
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
 CASES = [(group, name, statuses) for group, cases in EXPECTED.items() for name, statuses in cases]
 
 
@@ -162,7 +163,7 @@ def test_a_contender_that_fails_its_re_measurement_never_wins_and_shows_why(tmp_
     """Honest in the search, cheating in the rounds: the sweep records the failure against its
     record and decides the cell again without it (before: with every contender dropped, the
     cell fell back to the search's fastest median, the cheat included)."""
-    url = f"sqlite:///{tmp_path / 'results.db'}"
+    url = sqlite_url(tmp_path / "results.db")
     made = run_cli(
         "sweep", "rmsnorm", "--shapes", "8x256", "--dtypes", "float32", "--device", "cpu",
         "--storage", url, "--plugin", ROUND3, "--variants", "builtin,r3-cheat-after-first-build",

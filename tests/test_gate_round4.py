@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 from conftest import PLUGINS, cpu_cell
+from helpers import GATE_TIMING as FAST
 from test_disturbance import hogs  # noqa: F401  (a fixture: one busy process per core)
 
 from fusionlab.measure import events, integrity
@@ -27,7 +28,6 @@ load_plugin(ROUND4)
 load_plugin(str(PLUGINS / "gaming_honest.py"))
 EXPECTED = next(m for n, m in sys.modules.items()
                 if n.startswith("fusionlab_plugin_gaming_round4_")).EXPECTED
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
 CASES = [(group, name, statuses, word) for group, cases in EXPECTED.items()
          for name, statuses, word in cases]
 

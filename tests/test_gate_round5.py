@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 from conftest import PLUGINS, cpu_cell
+from helpers import GATE_TIMING as FAST
 
 from fusionlab.measure import integrity
 from fusionlab.measure.correctness import check_values
 from fusionlab.measure.inputs import tensors_in
 from fusionlab.measure.rounds import RoundsTask, StopRule
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status
@@ -30,7 +30,6 @@ ROUND5 = str(PLUGINS / "gaming_round5.py")
 load_plugin(ROUND5)
 PLUGIN = next(module for name, module in sys.modules.items()
               if name.startswith("fusionlab_plugin_gaming_round5_"))
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.03, min_samples=8, max_samples=30)
 
 
 @pytest.fixture(scope="module")

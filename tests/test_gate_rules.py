@@ -13,13 +13,13 @@ import time
 
 import pytest
 from conftest import PLUGINS, cpu_cell
+from helpers import TRIAL_TIMING as FAST
 
 from fusionlab.devices import get_device
 from fusionlab.measure import quiet_limits, trial
 from fusionlab.measure.correctness import GateFailure
 from fusionlab.measure.disturbance import BUSY_NOTE
 from fusionlab.measure.limits import SLACK, LimitsCache, size_class
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import CopyLimits, Status, TrialRecord
@@ -28,7 +28,6 @@ from fusionlab.registry import load_plugin
 PLUGIN = str(PLUGINS / "rule_breakers.py")
 load_plugin(PLUGIN)
 
-FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 RMS_SHAPE = (4, 96)
 COPY_SHAPE = (64, 256)
 

@@ -5,13 +5,13 @@ import os
 # Triton reads this when kernels are decorated, so it must be set before the kernel module loads.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import itertools
-import math
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
+
+from helpers import covering_cases
 
 from fusionlab.kernels.add_rmsnorm.triton_kernel import (
     TUNABLES,
@@ -23,37 +23,7 @@ from fusionlab.kernels.add_rmsnorm.triton_kernel import (
 
 EPS = 1e-6
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
-NAMES = tuple(TUNABLES)
-SHAPES = [
-    (1, 1), (33, 1), (2, 2), (3, 3), (3, 7), (70, 7), (2, 9), (2, 17), (2, 3, 48), (33, 128),
-    (4, 256), (2, 300), (1, 1000), (5, 1000), (2, 2000), (2, 4096), (1, 5000), (1, 8192),
-    (1, 10000),
-]
-
-
-def valid_configs(shape: tuple[int, ...]) -> list[dict[str, int]]:
-    points = (dict(zip(NAMES, v, strict=True)) for v in itertools.product(*TUNABLES.values()))
-    return [p for p in points if param_error(shape, **p) is None]
-
-
-def cost(shape: tuple[int, ...], cfg: dict[str, int]) -> int:
-    # The interpreter pays per program and per tile element.
-    programs = math.ceil(math.prod(shape[:-1]) / cfg["rows_per_program"])
-    return programs * (1000 + cfg["rows_per_program"] * cfg["block_size"])
-
-
-def covering_cases() -> list[tuple[tuple[int, ...], dict[str, int]]]:
-    """The cheapest (shape, config) for every tunable value, plus the cheapest per shape."""
-    pool = [(shape, cfg) for shape in SHAPES for cfg in valid_configs(shape)]
-    chosen = [min((c for c in pool if c[0] == shape), key=lambda c: cost(*c)) for shape in SHAPES]
-    for name, values in TUNABLES.items():
-        for value in values:
-            chosen.append(min((c for c in pool if c[1][name] == value), key=lambda c: cost(*c)))
-    unique = {(shape, tuple(cfg.values())): (shape, cfg) for shape, cfg in chosen}
-    return list(unique.values())
-
-
-CASES = covering_cases()
+CASES = covering_cases(TUNABLES, param_error)
 
 
 def reference(x, residual, weight, eps):

@@ -23,6 +23,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
      "fusionlab.numerics", "fusionlab.plausible"),
     ("fusionlab.devices", "fusionlab.op", "fusionlab.cell", "fusionlab.records",
      "fusionlab.results", "fusionlab.registry", "fusionlab.toolchain"),
+    ("fusionlab.kernels.common",),
     ("fusionlab.kernels",),
     ("fusionlab.verdict", "fusionlab.winners"),
     ("fusionlab.measure",),

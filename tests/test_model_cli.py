@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from conftest import run_cli
+from helpers import sqlite_url
 
 from fusionlab.model.capture import Capture
 from fusionlab.search.results_store import load_cells
@@ -28,7 +29,7 @@ def test_capture_sweep_and_bench_model(tmp_path: Path) -> None:
     assert captured.returncode == 0, captured.stderr[-2000:]
     assert captured.stdout.count("LlamaRMSNorm") == 6
     found = Capture.load(tmp_path / "cap.json")
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+    url = sqlite_url(tmp_path / "r.db")
     swept = run_cli("sweep", "rmsnorm", "--from-capture", "cap.json", "--quick", "--variants",
                     "builtin,naive", "--storage", url, cwd=tmp_path)
     assert swept.returncode == 0, swept.stderr[-2000:]

@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from conftest import run_cli
+from helpers import sqlite_url
 from torch._dynamo.utils import counters
 
 import fusionlab
@@ -31,7 +32,7 @@ GPT2 = {"n_embd": 64, "n_layer": LAYERS}
 
 def _storage(tmp: Path, op: str, dtype: str = "float32") -> str:
     """A quick sweep of the naive chain at the prefill key (decode resolves to it as nearest)."""
-    url = f"sqlite:///{tmp / f'{op}.db'}"
+    url = sqlite_url(tmp / f"{op}.db")
     sweep(op, f"1x{TOKENS}x64", dtype, storage=url, quick=True, variants="naive")
     return url
 
@@ -189,7 +190,7 @@ def test_fusing_without_results_or_known_layers_is_refused_in_one_line(
     gpt2 = tiny_model("gpt2-tiny", overrides=GPT2)
     with pytest.raises(UserError, match=r"fuse=True: no add_layernorm results to fuse with"):
         patch(gpt2, storage=add_rmsnorm_url, fuse=True)
-    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    empty = sqlite_url(tmp_path / "empty.db")
     open_storage(empty)  # a real storage with no results in it
     with pytest.raises(UserError, match=r"fusionlab.backend: no add_layernorm or add_rmsnorm"):
         fusionlab.backend(storage=empty)
@@ -203,7 +204,7 @@ def test_bench_model_fuse_without_results_exits_2_in_one_line(tmp_path: Path) ->
     small = {**LLAMA, "num_hidden_layers": 1}
     model = tiny_model("llama-tiny", overrides=small)
     capture(model, causal_lm_steps(model, TOKENS)).save(tmp_path / "cap.json")
-    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    empty = sqlite_url(tmp_path / "empty.db")
     open_storage(empty)
     config = ",".join(f"{key}={value}" for key, value in small.items())
     result = run_cli("bench-model", "--capture", "cap.json", "--model", "llama-tiny", "--config",

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import sqlite_url
 from torch import nn
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
@@ -28,7 +29,7 @@ SMALL = {"hidden_size": HIDDEN, "intermediate_size": 128, "num_hidden_layers": 1
 @pytest.fixture(scope="module")
 def url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One storage with float32 rmsnorm and layernorm winners at the tiny models' shapes."""
-    storage = f"sqlite:///{tmp_path_factory.mktemp('norms') / 'norms.db'}"
+    storage = sqlite_url(tmp_path_factory.mktemp("norms") / "norms.db")
     for op in ("rmsnorm", "layernorm"):
         sweep(op, SHAPES, "float32", storage=storage, quick=True, variants="builtin,naive",
               confirm=None)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.errors import UserError
@@ -35,7 +36,7 @@ def _model(name: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
 def _swept(tmp: Path, name: str, op: str) -> tuple[torch.nn.Module, object, str]:
     model = _model(name)
     found = capture(model, causal_lm_steps(model, TOKENS), repeats=3)
-    url = f"sqlite:///{tmp / f'{name}.db'}"
+    url = sqlite_url(tmp / f"{name}.db")
     shapes = ",".join(sorted({format_shape(c.shape) for c in found.of_op(op)}))
     sweep(op, shapes, "float32", storage=url, quick=True, variants="builtin,naive")
     return model, found, url
@@ -207,7 +208,7 @@ def test_bf16_norms_are_patched_with_their_own_numerics(
     model = _model(name, torch.bfloat16)
     found = capture(model, causal_lm_steps(model, TOKENS), repeats=3)
     assert {(c.casting, c.offset) for c in found.calls} == {numerics}
-    url = f"sqlite:///{tmp_path / 'bf16.db'}"
+    url = sqlite_url(tmp_path / "bf16.db")
     shapes = ",".join(sorted({format_shape(c.shape) for c in found.calls}))
     sweep("rmsnorm", shapes, "bfloat16", storage=url, quick=True, variants="naive,cpp")
     reference = _logits(model)
@@ -265,7 +266,7 @@ def test_bad_capture_files_are_one_line_exit_2(tmp_path: Path) -> None:
         (good, "rmsnorm", "records no rmsnorm calls (it holds layernorm)"),
     ):
         result = run_cli("sweep", op, "--from-capture", str(path), "--quick",
-                         "--storage", f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
+                         "--storage", sqlite_url(tmp_path / "x.db"), cwd=tmp_path)
         assert result.returncode == 2 and message in result.stderr, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.db").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab import capture, causal_lm_steps, sweep, tiny_model
 from fusionlab.cli import main
@@ -36,7 +37,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, int]:
     found = capture(model, causal_lm_steps(model, TOKENS), repeats=3,
                     recipe={"model": "llama-tiny", "config": SMALL, "tokens": [TOKENS]})
     found.save(root / "cap.json")
-    url = f"sqlite:///{root / 'r.db'}"
+    url = sqlite_url(root / "r.db")
     shapes = ",".join(sorted({format_shape(c.shape) for c in found.of_op("rmsnorm")}))
     sweep("rmsnorm", shapes, "float32", storage=url, quick=True, variants="builtin")
     parameter_bytes = sum(p.numel() * p.element_size() for p in model.parameters())

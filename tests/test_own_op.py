@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher
 from fusionlab.registry import get_op, load_plugin
@@ -16,7 +17,7 @@ PLUGIN = str(PLUGINS / "l2norm_op.py")
 
 
 def test_an_op_from_a_plugin_is_swept_exported_and_dispatched(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'own.db'}"
+    url = sqlite_url(tmp_path / "own.db")
     listed = run_cli("list", "--plugin", PLUGIN, cwd=tmp_path)
     assert listed.returncode == 0 and "l2norm" in listed.stdout and "normalize" in listed.stdout
     swept = run_cli("sweep", "l2norm", "--plugin", PLUGIN, "--quick", "--storage", url,

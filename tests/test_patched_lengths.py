@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from conftest import PLUGINS
+from helpers import sqlite_url
 from torch._dynamo.utils import counters
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
@@ -43,7 +44,7 @@ def _prefill(model: torch.nn.Module, tokens: int) -> torch.Tensor:
 def llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[torch.nn.Module, object, str]:
     model = tiny_model("llama-tiny", overrides=SMALL)
     found = capture(model, causal_lm_steps(model, CAPTURED), repeats=3)
-    url = f"sqlite:///{tmp_path_factory.mktemp('lengths') / 'swept.db'}"
+    url = sqlite_url(tmp_path_factory.mktemp("lengths") / "swept.db")
     shapes = ",".join(sorted({format_shape(c.shape) for c in found.calls}))
     sweep("rmsnorm", shapes, "float32", storage=url, quick=True, variants="builtin,naive")
     return model, found, url
@@ -119,7 +120,7 @@ def bf16_swept(request: pytest.FixtureRequest,
     resolves to the nearest)."""
     model = request.param()
     found = capture(model, causal_lm_steps(model, CAPTURED), repeats=3)
-    url = f"sqlite:///{tmp_path_factory.mktemp('bf16') / 'swept.db'}"
+    url = sqlite_url(tmp_path_factory.mktemp("bf16") / "swept.db")
     sweep("rmsnorm", f"1x{CAPTURED}x64", "bfloat16", storage=url, quick=True,
           variants="stats-in-float64,module-formula-slow", plugins=[ROUNDING])
     return model, found, url

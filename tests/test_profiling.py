@@ -6,17 +6,16 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cpu_cell
+from helpers import TRIAL_TIMING as FAST
 
 from fusionlab.devices import get_device
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 from fusionlab.measure.profiling import ProfilerSettings, fusion_accounting, profile_calls
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import get_op
 from fusionlab.report.investigate import summary_rows
 
-FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 SHAPES = [(1, 256), (256, 4096)]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import optuna
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 from optuna.trial import TrialState
 
 from fusionlab.api import stored_cells
@@ -32,7 +33,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_rank_by_warm_calls_and_seed_from_the_command_line(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+    url = sqlite_url(tmp_path / "r.db")
     args = ["sweep", "rmsnorm", "--quick", "--shapes", "2x64", "--dtypes", "float32",
             "--plugin", COSTS, "--variants", "slow-first-use,padded", "--storage", url]
     warm = run_cli(*args, "--rank-by", "warm", "--seed", "5", "--export", "warm.csv",

@@ -19,6 +19,7 @@ import optuna
 import pytest
 from browser import chromium, visit
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 from PIL import Image
 
 needs_browser = pytest.mark.skipif(
@@ -35,7 +36,7 @@ def _near(rgb: tuple[int, int, int], target: tuple[int, int, int]) -> bool:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("report")
-    url = f"sqlite:///{folder / 'results.db'}"
+    url = sqlite_url(folder / "results.db")
     sweep = run_cli(
         "sweep", "rmsnorm", "--quick", "--device", "cpu", "--storage", url,
         "--plugin", str(PLUGINS / "gaming.py"),
@@ -124,7 +125,7 @@ def test_the_report_renders_in_chromium_offline(report) -> None:
 def test_studies_name_their_objective_and_summarise_each_trial(report) -> None:
     """What optuna-dashboard shows: the objective with its unit, a readable line per trial."""
     folder, _ = report
-    storage = optuna.storages.RDBStorage(f"sqlite:///{folder / 'results.db'}")
+    storage = optuna.storages.RDBStorage(sqlite_url(folder / "results.db"))
     for summary in optuna.get_all_study_summaries(storage):
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         assert study.metric_names == ["cold median latency (ms)"]
@@ -174,7 +175,7 @@ def test_optuna_dashboard_lists_named_objectives_and_no_failed_remeasurement(rep
     dashboard = Path(sys.executable).with_name("optuna-dashboard")
     port = _free_port()
     server = subprocess.Popen(
-        [str(dashboard), f"sqlite:///{folder / 'results.db'}", "--host", "127.0.0.1",
+        [str(dashboard), sqlite_url(folder / "results.db"), "--host", "127.0.0.1",
          "--port", str(port), "--quiet"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

@@ -5,17 +5,16 @@ from pathlib import Path
 
 import torch
 from conftest import PLUGINS, run_cli
+from helpers import QUICK_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher, sweep
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.registry import get_op, get_variant, load_plugin
 from fusionlab.winners import cell_winner
 
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
-
 
 def test_dispatcher_uses_the_stored_winner(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'runtime.db'}"
+    url = sqlite_url(tmp_path / "runtime.db")
     cells = sweep("rmsnorm", "4x64,64x64", "float32", device="cpu", storage=url,
                   variants=["naive", "builtin"], timing=FAST)
     dispatch = Dispatcher("rmsnorm", storage=url)
@@ -45,7 +44,7 @@ def test_dispatcher_picks_the_variant_known_to_win_each_shape(tmp_path: Path) ->
     """The plugin's variants are slow on purpose at few or at many rows, so the winner of each
     cell is known before the sweep; the Dispatcher (from storage and from an exported winners
     file) must pick it, build it, and return its correct result."""
-    url = f"sqlite:///{tmp_path / 'shapes.db'}"
+    url = sqlite_url(tmp_path / "shapes.db")
     swept = run_cli("sweep", "rmsnorm", "--quick", "--plugin", SHAPE_DEPENDENT,
                     "--shapes", "4x64,64x64", "--dtypes", "float32",
                     "--variants", "slow-on-few-rows,slow-on-many-rows", "--storage", url,

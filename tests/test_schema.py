@@ -14,11 +14,12 @@ import optuna
 import pytest
 import torch
 from conftest import cpu_cell, run_cli
+from helpers import TRIAL_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher
 from fusionlab.devices import get_device
 from fusionlab.errors import UserError
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status, TrialRecord
 from fusionlab.results import Decision, OutOfPlace, Verdict, WinnersFile
@@ -27,7 +28,6 @@ from fusionlab.search import results_store as store
 from fusionlab.search.storage import open_storage
 from fusionlab.verdict import Contender, decide
 
-FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 NEWER = SCHEMA_VERSION + 1
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,9 +53,9 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     folder = tmp_path_factory.mktemp("schema")
     result = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "4x64", "--dtypes", "float32",
                      "--variants", "naive,builtin", "--threads", "1", "--storage",
-                     f"sqlite:///{folder / 'r.db'}", "--export", "winners.json", cwd=folder)
+                     sqlite_url(folder / "r.db"), "--export", "winners.json", cwd=folder)
     assert result.returncode == 0, result.stderr[-2000:]
-    return folder, f"sqlite:///{folder / 'r.db'}"
+    return folder, sqlite_url(folder / "r.db")
 
 
 def test_a_trial_record_round_trips_through_json(record: TrialRecord) -> None:
@@ -222,7 +222,7 @@ def test_commands_refuse_stored_data_from_a_newer_fusionlab_in_one_line(
 ) -> None:
     folder, _ = swept
     shutil.copy(folder / "r.db", tmp_path / "r.db")
-    url = f"sqlite:///{tmp_path / 'r.db'}"
+    url = sqlite_url(tmp_path / "r.db")
     storage = open_storage(url, must_exist=True)
     (summary,) = storage.get_all_studies()
     study = optuna.load_study(study_name=summary.study_name, storage=storage)

@@ -9,11 +9,13 @@ import optuna
 import optuna.distributions as od
 import torch
 from conftest import cpu_cell
+from helpers import QUICK_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab import register_variant, sweep
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
 from fusionlab.measure.screen import BRIEF, bar_for
-from fusionlab.measure.timing import TimingSettings, time_calls
+from fusionlab.measure.timing import time_calls
 from fusionlab.plan import make_plan
 from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import variants_of
@@ -21,8 +23,6 @@ from fusionlab.search.results_store import is_verdict_key, study_name
 from fusionlab.search.runner import Sweep
 from fusionlab.search.space import CellSpace, make_config
 from fusionlab.search.storage import open_storage
-
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 
 
 def _odd_unroll_is_invalid(shape, params, device_type):
@@ -37,7 +37,7 @@ def big_space(device_type: str, unroll: int, scale: int):
 
 
 def test_tpe_budget_rejections_and_resume(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'tpe.db'}"
+    url = sqlite_url(tmp_path / "tpe.db")
     options = {"variants": ["naive", "test-big-space"], "trials": 7, "timing": FAST, "seed": 1}
     cells = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url, **options)
     (cell,) = cells
@@ -56,7 +56,7 @@ def test_tpe_budget_rejections_and_resume(tmp_path: Path) -> None:
 
 
 def test_exhaustive_cell_measures_every_valid_config_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'grid.db'}"
+    url = sqlite_url(tmp_path / "grid.db")
     (cell,) = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url,
                     variants=["naive", "compiled"], timing=FAST)
     configs = sorted((r.variant, tuple(sorted(r.params.items()))) for r in cell.records)
@@ -69,7 +69,7 @@ def test_exhaustive_cell_measures_every_valid_config_once(tmp_path: Path) -> Non
 
 
 def test_enqueued_trials_record_their_params(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'params.db'}"
+    url = sqlite_url(tmp_path / "params.db")
     (cell,) = sweep("rmsnorm", "2x32", "float32", device="cpu", storage=url,
                     variants=["naive"], timing=FAST)
     study = optuna.load_study(study_name=study_name(cell.cell), storage=url)
@@ -100,7 +100,7 @@ def repeat_slow_first(device_type: str, repeat: int):
 
 
 def test_the_screen_measures_in_full_only_what_can_still_win(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'screen.db'}"
+    url = sqlite_url(tmp_path / "screen.db")
     (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
                     variants=["builtin", "test-repeat", "test-repeat-slow-first"], timing=FAST)
     by_variant = {(r.variant, r.params.get("repeat")): r for r in cell.records}
@@ -120,7 +120,7 @@ def test_the_screen_measures_in_full_only_what_can_still_win(tmp_path: Path) -> 
 
 
 def test_without_the_screen_every_configuration_is_measured_in_full(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'full.db'}"
+    url = sqlite_url(tmp_path / "full.db")
     (cell,) = sweep("rmsnorm", "64x1024", "float32", device="cpu", storage=url,
                     variants=["builtin", "test-repeat"], timing=FAST, screen=False)
     assert all(r.cold is not None and not r.message for r in cell.records)
@@ -129,7 +129,7 @@ def test_without_the_screen_every_configuration_is_measured_in_full(tmp_path: Pa
 def test_the_closing_line_counts_outcomes_and_what_the_rounds_cost(tmp_path: Path) -> None:
     plan = make_plan("rmsnorm", "64x1024", "float32", "cpu", variants=["naive", "builtin"],
                      timing=FAST)
-    runner = Sweep(plan, open_storage(f"sqlite:///{tmp_path / 'line.db'}"))
+    runner = Sweep(plan, open_storage(sqlite_url(tmp_path / "line.db")))
     (cell,) = runner.run()
     decision = cell.verdicts["cold"].decision
     assert decision in {"faster", "equivalent", "inconclusive"}
@@ -150,7 +150,7 @@ def test_an_enqueued_trial_replays_its_own_configuration_whoever_bound_the_names
     configuration its planner enqueued under the plain name (before: Optuna sampled another)."""
     variants = variants_of("rmsnorm")
     ours = [variants[name] for name in ("builtin", "naive", "compiled", "cpp")]
-    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'cell.db'}")
+    study = optuna.create_study(storage=sqlite_url(tmp_path / "cell.db"))
     planner = CellSpace(ours, study)  # bound while the study is empty: plain names
     other = CellSpace([variants["naive"]], study)
     first = study.ask()

@@ -9,6 +9,7 @@ import socket
 import optuna
 import pytest
 import sqlalchemy
+from helpers import sqlite_url
 from pg_cluster import fresh_postgres_url, postgres_url  # noqa: F401  (fixtures)
 
 from fusionlab.errors import UserError
@@ -82,7 +83,7 @@ def test_missing_driver_says_what_to_install() -> None:
 
 
 def test_sqlite_is_refused_for_parallel_workers(tmp_path) -> None:
-    reason = is_parallel_safe(f"sqlite:///{tmp_path / 'r.db'}")
+    reason = is_parallel_safe(sqlite_url(tmp_path / "r.db"))
     assert reason is not None and "\n" not in reason
     assert "SQLite" in reason and "journal:" in reason and "postgresql" in reason
     assert is_parallel_safe(f"journal:{tmp_path / 'j.log'}") is None

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import sqlite_url
 
 from fusionlab.report.tables import columns
 
@@ -41,7 +42,7 @@ def widest(text: str) -> int:
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, Swept]:
     folder = tmp_path_factory.mktemp("terminal")
-    url = f"sqlite:///{folder / 'results.db'}"
+    url = sqlite_url(folder / "results.db")
     return folder, url, run_at(80, *SWEEP, "--storage", url, cwd=folder)
 
 
@@ -185,7 +186,7 @@ def test_on_a_terminal_the_sweep_shows_a_bar_with_an_eta(tmp_path: Path) -> None
     env = dict(os.environ, COLUMNS="100", LINES="40")
     process = subprocess.Popen(
         [sys.executable, "-m", "fusionlab.cli", *SWEEP, "--storage",
-         f"sqlite:///{tmp_path / 'results.db'}"],
+         sqlite_url(tmp_path / "results.db")],
         cwd=tmp_path, env=env, stdin=slave, stdout=slave, stderr=slave,
     )
     os.close(slave)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher
 from fusionlab.search.results_store import load_cells
@@ -30,7 +31,7 @@ def test_threads_are_applied_recorded_and_dispatched_on(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     probe = tmp_path / "threads.txt"
     monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
-    url = f"sqlite:///{tmp_path / 'threads.db'}"
+    url = sqlite_url(tmp_path / "threads.db")
     _sweep(tmp_path, url, "--threads", "1")
     assert set(probe.read_text().split()) == {"1"}
     probe.unlink()
@@ -64,7 +65,7 @@ def test_a_sweep_without_threads_uses_torchs_count(tmp_path: Path,
     probe = tmp_path / "threads.txt"
     monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what torch uses in the command
-    url = f"sqlite:///{tmp_path / 'default.db'}"
+    url = sqlite_url(tmp_path / "default.db")
     _sweep(tmp_path, url)
     (cell,) = load_cells(open_storage(url, must_exist=True), "rmsnorm")
     assert cell.cell.threads == 1 and set(probe.read_text().split()) == {"1"}
@@ -73,7 +74,7 @@ def test_a_sweep_without_threads_uses_torchs_count(tmp_path: Path,
 @pytest.mark.parametrize("value", ["0", "-2"])
 def test_threads_below_one_is_refused(tmp_path: Path, value: str) -> None:
     result = run_cli("sweep", "rmsnorm", "--quick", "--threads", value,
-                     "--storage", f"sqlite:///{tmp_path / 'x.db'}", cwd=tmp_path)
+                     "--storage", sqlite_url(tmp_path / "x.db"), cwd=tmp_path)
     assert result.returncode == 2 and "--threads must be at least 1" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.db").exists()
 

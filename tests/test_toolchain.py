@@ -12,13 +12,13 @@ from pathlib import Path
 
 import optuna
 import torch
+from helpers import QUICK_TIMING as FAST
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher, sweep
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.search import results_store as store
 from fusionlab.search.storage import open_storage
 
-FAST = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 PLUGIN = Path(__file__).parent / "plugins" / "l2norm_op.py"
 
 _STUDY_NAMES = """
@@ -48,7 +48,7 @@ def test_an_edited_kernel_source_starts_new_cells(tmp_path: Path) -> None:
 
 
 def _measure(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
+    url = sqlite_url(tmp_path / "old.db")
     sweep("rmsnorm", "4x64", "float32", device="cpu", storage=url,
           variants=["naive", "builtin"], timing=FAST)
     return url
@@ -127,7 +127,7 @@ def test_a_shared_header_or_helper_starts_new_cells_and_a_test_helper_does_not(
     replay = kernels / "nki_replay.py"
     replay.write_text(replay.read_text() + "\n# the hardware model edited\n")
     assert _layernorm_hash(kernels) == before
-    for shared in ("rmsnorm/csrc/cpu_norm_common.h", "rmsnorm/triton_kernel.py"):
+    for shared in ("rmsnorm/csrc/cpu_norm_common.h", "common/triton_tiles.py"):
         file = kernels / shared
         file.write_text(file.read_text() + "\n// edited\n" if file.suffix == ".h"
                         else file.read_text() + "\n# edited\n")

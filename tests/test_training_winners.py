@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import sqlite_url
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
 from fusionlab.shapes import format_shape
@@ -27,13 +28,13 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     found.save(root / "cap.json")
     shapes = ",".join(sorted({format_shape(c.shape) for c in found.of_op("rmsnorm")}))
     forward_only = root / "forward.db"
-    sweep("rmsnorm", shapes, "float32", storage=f"sqlite:///{forward_only}", quick=True,
+    sweep("rmsnorm", shapes, "float32", storage=sqlite_url(forward_only), quick=True,
           variants="builtin")
     both = root / "both.db"
     shutil.copy(forward_only, both)
-    sweep("rmsnorm", shapes, "float32", storage=f"sqlite:///{both}", quick=True,
+    sweep("rmsnorm", shapes, "float32", storage=sqlite_url(both), quick=True,
           variants="naive", pass_name="forward+backward")
-    return root / "cap.json", f"sqlite:///{forward_only}", f"sqlite:///{both}"
+    return root / "cap.json", sqlite_url(forward_only), sqlite_url(both)
 
 
 def _train_step(model: torch.nn.Module) -> torch.Tensor:

@@ -4,14 +4,12 @@ import time
 
 import torch
 from conftest import cpu_cell
+from helpers import TRIAL_TIMING as FAST
 
 from fusionlab import register_variant
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.records import Status
-
-FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 
 
 def _trial(variant: str, shape=(4, 96), dtype="float32", params=None):

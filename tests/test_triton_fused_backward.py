@@ -14,11 +14,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from fusionlab.kernels.common.triton_tiles import _next_pow2
 from fusionlab.kernels.layernorm import triton_backward as ln_triton_backward
 from fusionlab.kernels.layernorm.spec import layer_norm_float64
 from fusionlab.kernels.rmsnorm import triton_backward
 from fusionlab.kernels.rmsnorm.spec import TOLERANCES, rms_norm_float64_with
-from fusionlab.kernels.rmsnorm.triton_kernel import _next_pow2, param_error
+from fusionlab.kernels.rmsnorm.triton_kernel import param_error
 from fusionlab.numerics import DEFAULT
 from fusionlab.registry import get_variant
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import PLUGINS, run_cli
+from helpers import sqlite_url
 
 from fusionlab import Dispatcher
 from fusionlab.errors import UserError
@@ -24,7 +25,7 @@ def winners(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = folder / "winners.json"
     result = run_cli("sweep", "add_rmsnorm", "--quick", "--shapes", "4x256", "--dtypes",
                      "float32", "--variants", "builtin-inplace,slow-naive", "--plugin", SLOW,
-                     "--threads", "1", "--storage", f"sqlite:///{folder / 'r.db'}",
+                     "--threads", "1", "--storage", sqlite_url(folder / "r.db"),
                      "--export", str(path), cwd=folder)
     assert result.returncode == 0, result.stderr[-2000:]
     load_user_variants([SLOW])

@@ -1,16 +1,14 @@
 """Isolation: a crashing or hanging variant is recorded and the worker is replaced."""
 
 from conftest import PLUGINS, cpu_cell
+from helpers import TRIAL_TIMING as FAST
 
-from fusionlab.measure.timing import TimingSettings
 from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, TrialRecord
 from fusionlab.registry import load_plugin
 
 PLUGIN = str(PLUGINS / "misbehaving.py")
-
-FAST = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_samples=20)
 
 
 def _task(variant: str) -> TrialTask:

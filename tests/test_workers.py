@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import interruptible
+from helpers import sqlite_url
 from optuna.trial import TrialState
 from pg_cluster import fresh_postgres_url, postgres_url  # noqa: F401  (fixtures)
 
@@ -217,13 +218,13 @@ def test_status_shows_who_is_running_what(url: str) -> None:
 
 
 def test_parallel_workers_refuse_sqlite(tmp_path) -> None:
-    db = f"sqlite:///{tmp_path / 'f.db'}"
+    db = sqlite_url(tmp_path / "f.db")
     result = _fusionlab(*SWEEP, "--storage", db, "--workers", "2")
     assert result.returncode == 2
     assert "SQLite" in result.stderr and "journal:" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "f.db").exists()
     (tmp_path / "g.db").touch()
-    joined = _fusionlab("worker", "--storage", f"sqlite:///{tmp_path / 'g.db'}")
+    joined = _fusionlab("worker", "--storage", sqlite_url(tmp_path / "g.db"))
     assert joined.returncode == 2 and "SQLite" in joined.stderr
 
 

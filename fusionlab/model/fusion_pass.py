@@ -170,16 +170,10 @@ def _clean(path: str) -> str:
 def _fuse(gm: fx.GraphModule, norm: _Norm, values: dict[fx.Node, Any],
           into: FusionBackend) -> str | None:
     """Rewrite one add + norm; None when done, "" when the norm follows no add, else why not."""
-    inside = set(norm.nodes)
-    inputs = {i for n in norm.nodes for i in n.all_input_nodes if i not in inside}
-    params = sorted((i for i in inputs if _is_parameter(values.get(i))), key=lambda i: i.name)
-    activations = [i for i in inputs if i not in params]
-    outputs = [n for n in norm.nodes if any(u not in inside for u in n.users)]
-    if len(activations) != 1 or not _is_add(activations[0]):
-        return ""
-    add = activations[0]
-    if len(outputs) != 1 or not 1 <= len(params) <= 2:
-        return "its nodes have more than one output, or no weight"
+    boundary = _add_and_norm(norm, values)
+    if isinstance(boundary, str):
+        return boundary
+    add, params, output = boundary
     fused_op = FUSED_OPS[norm.op]
     dispatcher = into.dispatcher(fused_op)
     if dispatcher is None:
@@ -187,7 +181,7 @@ def _fuse(gm: fx.GraphModule, norm: _Norm, values: dict[fx.Node, Any],
     weights = [values[p] for p in params]
     if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
         return "traced with gradients (compile under torch.no_grad() to fuse)"
-    own = _extract(gm, norm.nodes, params, outputs[0])
+    own = _extract(gm, norm.nodes, params, output)
     total = add.meta["example_value"]
     found = _numerics(norm, own, weights, total.dtype, total.device)
     if found is None:
@@ -195,9 +189,25 @@ def _fuse(gm: fx.GraphModule, norm: _Norm, values: dict[fx.Node, Any],
     info, weight, bias = found
     entry = FusedAddNorm(norm.path, fused_op, (info.eps, info.casting, info.offset),
                          lambda x: own(x, *weights), weight, bias, dispatcher, "inference")
-    _replace(gm.graph, add, norm.nodes, outputs[0], entry.slot)
+    _replace(gm.graph, add, norm.nodes, output, entry.slot)
     into.fused.append(entry)
     return None
+
+
+def _add_and_norm(norm: _Norm, values: dict[fx.Node, Any]
+                  ) -> tuple[fx.Node, list[fx.Node], fx.Node] | str:
+    """The residual add the norm reads, its parameter inputs (by name) and its one output node;
+    else why not ("" when the norm follows no add)."""
+    inside = set(norm.nodes)
+    inputs = {i for n in norm.nodes for i in n.all_input_nodes if i not in inside}
+    params = sorted((i for i in inputs if _is_parameter(values.get(i))), key=lambda i: i.name)
+    activations = [i for i in inputs if i not in params]
+    outputs = [n for n in norm.nodes if any(u not in inside for u in n.users)]
+    if len(activations) != 1 or not _is_add(activations[0]):
+        return ""
+    if len(outputs) != 1 or not 1 <= len(params) <= 2:
+        return "its nodes have more than one output, or no weight"
+    return activations[0], params, outputs[0]
 
 
 def _is_parameter(value: Any) -> bool:

@@ -103,14 +103,31 @@ def _patch_norms(model: nn.Module, capture: Capture | str | None, storage: str |
         return _patch_found_norms(model, storage, winners, ops, mode, rank_by, layers, notes)
     if isinstance(capture, str):
         capture = Capture.load(capture)
+    calls = _replaceable_calls(capture, ops)
+    dispatchers = {op: _dispatcher(op, storage, winners, rank_by, mode)
+                   for op in {c.op for c in calls}}
+    modules, rows = _resolve_calls(model, calls, dispatchers, mode)
+    _warn_fallbacks(rows)
+    return PatchHandle(model, list(modules.values()), rows, notes or _fusion_note(model),
+                       capture, {"storage": storage, "winners": winners, "rank_by": rank_by},
+                       _not_patched(model, set(modules), capture, ops), mode, layers)
+
+
+def _replaceable_calls(capture: Capture, ops: list[str] | None) -> list[NormCall]:
+    """The capture's module calls of the ops asked for (all ops when None); UserError if none."""
     calls = [c for c in capture.calls if c.source == "module" and (ops is None or c.op in ops)]
     if not calls:
         first = f" ({capture.skip_lines()[0]})" if capture.skipped else ""
         raise UserError(
             f"the capture records no replaceable norm module for the ops asked for{first}"
         )
-    dispatchers = {op: _dispatcher(op, storage, winners, rank_by, mode)
-                   for op in {c.op for c in calls}}
+    return calls
+
+
+def _resolve_calls(model: nn.Module, calls: list[NormCall], dispatchers: dict[str, Dispatcher],
+                   mode: str) -> tuple[dict[str, PatchedModule], list[PatchRow]]:
+    """Each called module's patch (by path) with its table resolved for every captured key, and
+    one report row per key."""
     modules: dict[str, PatchedModule] = {}
     rows: list[PatchRow] = []
     for call in calls:
@@ -121,19 +138,21 @@ def _patch_norms(model: nn.Module, capture: Capture | str | None, storage: str |
         key = (torch.Size(call.shape), DTYPES[call.dtype])
         if key in entry.table:
             continue
-        sample = _sample(model, call)
-        kernel, row = entry.resolver(sample)
+        kernel, row = entry.resolver(_sample(model, call))
         entry.table[key] = None if kernel is None else entry.caller(kernel)
         rows.append(row)
+    return modules, rows
+
+
+def _warn_fallbacks(rows: list[PatchRow]) -> None:
+    """UserError when no key got a kernel; else a warning (from patch()) for each key
+    that keeps its module's own forward."""
     if all(row.match == "fallback" for row in rows):
         raise UserError(f"nothing to patch: {rows[0].path} at {rows[0].key}: {rows[0].why}")
     for row in rows:
         if row.match == "fallback":
             warnings.warn(f"fusionlab: {row.path} at {row.key} keeps its own forward: {row.why}",
-                          stacklevel=2)
-    return PatchHandle(model, list(modules.values()), rows, notes or _fusion_note(model),
-                       capture, {"storage": storage, "winners": winners, "rank_by": rank_by},
-                       _not_patched(model, set(modules), capture, ops), mode, layers)
+                          stacklevel=3)
 
 
 def _fusion_note(model: nn.Module) -> list[str]:

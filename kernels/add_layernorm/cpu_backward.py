@@ -15,10 +15,10 @@ import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.add_layernorm import cpu_cpp
-from fusionlab.kernels.add_rmsnorm.cpu_backward import BACKWARD_CHOICES, HEADERS, check_backward
+from fusionlab.kernels.add_rmsnorm.cpu_backward import BACKWARD_CHOICES
+from fusionlab.kernels.common.backward_headers import ADD_NORM_BACKWARD
 
-__all__ = ["BACKWARD_CHOICES", "add_layer_norm_cpp_fused_grad", "check_backward",
-           "load_extension"]
+__all__ = ["BACKWARD_CHOICES", "add_layer_norm_cpp_fused_grad", "load_extension"]
 
 _SOURCES = (Path(__file__).parent / "csrc" / "add_layernorm_backward_cpu.cpp",)
 Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -29,7 +29,7 @@ def load_extension() -> float:
     """Build (first time per cache) or load the forward's and this operator; seconds spent."""
     global _op
     seconds = cpu_cpp.load_extension()
-    seconds += cpp_build.load("add_layernorm_backward_cpu", _SOURCES, HEADERS)
+    seconds += cpp_build.load("add_layernorm_backward_cpu", _SOURCES, ADD_NORM_BACKWARD)
     _register_fakes()
     _op = torch.ops.fusionlab.add_layer_norm_cpu_fused_grad.default
     return seconds

@@ -8,8 +8,8 @@ import math
 
 import torch
 
+from fusionlab.kernels.common.tolerances import TOLERANCES
 from fusionlab.kernels.layernorm.spec import EPS, layer_norm_float64
-from fusionlab.kernels.rmsnorm.spec import TOLERANCES
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 

@@ -15,30 +15,14 @@ import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.add_rmsnorm import cpu_cpp
-from fusionlab.kernels.rmsnorm.cpu_backward import RECOMPUTING_CHOICES
-from fusionlab.kernels.rmsnorm.cpu_backward import check_backward as check_choice
+from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
+from fusionlab.kernels.common.backward_headers import ADD_NORM_BACKWARD
 
-__all__ = ["BACKWARD_CHOICES", "add_rms_norm_cpp_fused_grad", "check_backward", "load_extension"]
+__all__ = ["BACKWARD_CHOICES", "add_rms_norm_cpp_fused_grad", "load_extension"]
 
 BACKWARD_CHOICES = RECOMPUTING_CHOICES  # the forward saves no statistics: no fused-saved
 
-
-def check_backward(backward: str) -> None:
-    """Refuse a `backward` that is none of BACKWARD_CHOICES."""
-    check_choice(backward, BACKWARD_CHOICES)
-
-
-_CSRC = Path(__file__).parent / "csrc"
-_COMMON = Path(__file__).parents[1] / "rmsnorm" / "csrc"
-_SOURCES = (_CSRC / "add_rmsnorm_backward_cpu.cpp",)
-HEADERS = (
-    _CSRC / "add_norm_backward.h",
-    _COMMON / "cpu_norm_common.h",
-    _COMMON / "norm_backward_partials.h",
-    _COMMON / "norm_backward_rows.h",
-    Path(__file__).parents[1] / "layernorm" / "csrc" / "welford_moments.h",
-)
-"""The headers of both add kernels' fused backwards (add_layernorm's includes the same)."""
+_SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_backward_cpu.cpp",)
 Pair = tuple[torch.Tensor, torch.Tensor]
 _op: Callable[..., Pair] | None = None
 
@@ -47,7 +31,7 @@ def load_extension() -> float:
     """Build (first time per cache) or load the forward's and this operator; seconds spent."""
     global _op
     seconds = cpu_cpp.load_extension()
-    seconds += cpp_build.load("add_rmsnorm_backward_cpu", _SOURCES, HEADERS)
+    seconds += cpp_build.load("add_rmsnorm_backward_cpu", _SOURCES, ADD_NORM_BACKWARD)
     _register_fakes()
     _op = torch.ops.fusionlab.add_rms_norm_cpu_fused_grad.default
     return seconds

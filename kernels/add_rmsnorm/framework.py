@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
+from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
 from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
-from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm, rmsnorm_with
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
 

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from fusionlab.kernels.rmsnorm.spec import EPS, TOLERANCES, rms_norm_float64, rms_norm_float64_with
+from fusionlab.kernels.common.rms_math import EPS, rms_norm_float64, rms_norm_float64_with
+from fusionlab.kernels.common.tolerances import TOLERANCES
 from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op

@@ -3,7 +3,7 @@
 x and residual are read once and both results written from the same registers; the sum is formed
 in fp32, stored in x.dtype, and the norm is taken from the fp32 sum (vLLM's fused_add_rms_norm,
 vllm-project/vllm csrc/layernorm_kernels.cu; Liger's fused add in linkedin/Liger-Kernel
-src/liger_kernel/ops/fused_add_rms_norm.py). Launch space: fusionlab.kernels.rmsnorm.triton_kernel.
+src/liger_kernel/ops/fused_add_rms_norm.py). Launch space: fusionlab.kernels.common.triton_tiles.
 """
 
 from __future__ import annotations
@@ -13,15 +13,17 @@ from typing import Any
 import torch
 
 from fusionlab.kernels import norm_grads
-from fusionlab.kernels.rmsnorm.triton_kernel import (
+from fusionlab.kernels.common.triton_tiles import (
     TUNABLES,
     as_rows,
     check_launch,
     num_warps_for,
     tile_constexprs,
-    tile_error,
     triton,
     unavailable_reason,
+)
+from fusionlab.kernels.common.triton_tiles import (
+    tile_error as param_error,
 )
 
 __all__ = [
@@ -35,7 +37,13 @@ __all__ = [
 if triton is not None:
     import triton.language as tl
 
-    from fusionlab.kernels.rmsnorm.triton_kernel import row_sum, tile_offsets
+    from fusionlab.kernels.common.triton_tiles import (
+        load_columns,
+        load_rows,
+        row_sum,
+        store_rows,
+        tile_offsets,
+    )
 
     @triton.jit
     def _add_rms_norm_kernel(
@@ -56,27 +64,16 @@ if triton is not None:
         CHUNK: tl.constexpr,
     ):
         rows, cols, col_mask, mask = tile_offsets(n_rows, n_cols, ROWS, SPLIT, CHUNK)
-        x = tl.load(
-            x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first"
-        ).to(tl.float32)
-        r = tl.load(
-            r_ptr + rows * r_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first"
-        ).to(tl.float32)
+        x = load_rows(x_ptr, rows, x_row_stride, cols, mask)
+        r = load_rows(r_ptr, rows, r_row_stride, cols, mask)
         s = x + r
         # Stored before the reduction so the in-place flavour never reads what it overwrote:
         # every element is loaded above, by the program that alone writes its row.
-        tl.store(s_ptr + rows * s_row_stride + cols, s.to(s_ptr.dtype.element_ty), mask=mask)
+        store_rows(s_ptr, rows, s_row_stride, cols, s, mask)
         rstd = tl.rsqrt(row_sum(s * s) / n_cols + eps)
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
-        y = s * rstd * w.to(tl.float32)
-        tl.store(y_ptr + rows * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def param_error(
-    shape: tuple[int, ...], block_size: int, rows_per_program: int, threads_per_row: int
-) -> str | None:
-    """Why this tunable combination cannot (or should not) run at `shape`, else None."""
-    return tile_error(shape, block_size, rows_per_program, threads_per_row)
+        w = load_columns(w_ptr, cols, col_mask)
+        y = s * rstd * w
+        store_rows(y_ptr, rows, y_row_stride, cols, y, mask)
 
 
 def _launch(

@@ -15,20 +15,15 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels.common.backward_choices import SAVING_CHOICES as BACKWARD_CHOICES
+from fusionlab.kernels.common.backward_headers import NORM_BACKWARD, WELFORD_MOMENTS
 from fusionlab.kernels.layernorm import cpu_cpp
-from fusionlab.kernels.rmsnorm.cpu_backward import BACKWARD_CHOICES, check_backward
 
-__all__ = ["BACKWARD_CHOICES", "check_backward", "layer_norm_cpp_fused_grad",
-           "layer_norm_cpp_saved_stats", "load_extension"]
+__all__ = ["BACKWARD_CHOICES", "layer_norm_cpp_fused_grad", "layer_norm_cpp_saved_stats",
+           "load_extension"]
 
-_CSRC = Path(__file__).parent / "csrc"
-_COMMON = Path(__file__).parents[1] / "rmsnorm" / "csrc"
-_SOURCES = (_CSRC / "layernorm_backward_cpu.cpp",)
-_HEADERS = (
-    _COMMON / "cpu_norm_common.h",
-    _COMMON / "norm_backward_partials.h",
-    _CSRC / "welford_moments.h",
-)
+_SOURCES = (Path(__file__).parent / "csrc" / "layernorm_backward_cpu.cpp",)
+_HEADERS = (*NORM_BACKWARD, WELFORD_MOMENTS)
 _op: Callable[..., torch.Tensor] | None = None
 _stats_op: Callable[..., tuple[torch.Tensor, ...]] | None = None
 

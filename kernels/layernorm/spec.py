@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from fusionlab.kernels.rmsnorm.spec import TOLERANCES
+from fusionlab.kernels.common.tolerances import TOLERANCES
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
 

@@ -1,7 +1,7 @@
 """The fused Triton backward of the Triton LayerNorm: `fusionlab::layer_norm_triton_backward`
 reads each tile of rows once and writes dx and the tile's partial dweight and dbias (fp32, one row
 of partials per program, summed in a fixed order afterwards: the RMSNorm kernel's scheme,
-kernels/rmsnorm/triton_backward.py); `fusionlab::layer_norm_triton_fused_grad` is the forward
+kernels/common/triton_backward.py); `fusionlab::layer_norm_triton_fused_grad` is the forward
 whose autograd calls it. Verified only in Triton's CPU interpreter here
 (tests/test_triton_fused_backward.py)."""
 
@@ -12,15 +12,15 @@ from typing import Any
 import torch
 
 from fusionlab.kernels import norm_grads
+from fusionlab.kernels.common.triton_backward import launch_backward
+from fusionlab.kernels.common.triton_tiles import triton
 from fusionlab.kernels.layernorm.triton_kernel import layer_norm_triton
-from fusionlab.kernels.rmsnorm.triton_backward import launch_backward
-from fusionlab.kernels.rmsnorm.triton_kernel import triton
 
 if triton is not None:
     import triton.language as tl
 
-    from fusionlab.kernels.rmsnorm.triton_backward import store_partial
-    from fusionlab.kernels.rmsnorm.triton_kernel import row_sum, tile_offsets
+    from fusionlab.kernels.common.triton_backward import store_partial
+    from fusionlab.kernels.common.triton_tiles import row_sum, tile_offsets
 
     @triton.jit
     def _layer_norm_backward_kernel(

@@ -1,6 +1,6 @@
 """Triton LayerNorm: y = (x - mean) * rsqrt(var + eps) * weight + bias, biased variance.
 
-Same launch space as the RMSNorm kernel (fusionlab.kernels.rmsnorm.triton_kernel: a
+Same launch space as the RMSNorm kernel (fusionlab.kernels.common.triton_tiles: a
 [SPLIT, ROWS, CHUNK] tile, `threads_per_row` threads per row, the row held in registers). The
 variance is taken around the mean (as triton-lang/triton python/tutorials/05-layer-norm.py
 `_layer_norm_fwd_fused` and linkedin/Liger-Kernel src/liger_kernel/ops/layer_norm.py do), never as
@@ -14,15 +14,17 @@ from typing import Any
 import torch
 
 from fusionlab.kernels import norm_grads
-from fusionlab.kernels.rmsnorm.triton_kernel import (
+from fusionlab.kernels.common.triton_tiles import (
     TUNABLES,
     as_rows,
     check_launch,
     num_warps_for,
     tile_constexprs,
-    tile_error,
     triton,
     unavailable_reason,
+)
+from fusionlab.kernels.common.triton_tiles import (
+    tile_error as param_error,
 )
 
 __all__ = ["TUNABLES", "layer_norm_triton", "param_error", "unavailable_reason"]
@@ -30,7 +32,13 @@ __all__ = ["TUNABLES", "layer_norm_triton", "param_error", "unavailable_reason"]
 if triton is not None:
     import triton.language as tl
 
-    from fusionlab.kernels.rmsnorm.triton_kernel import row_sum, tile_offsets
+    from fusionlab.kernels.common.triton_tiles import (
+        load_columns,
+        load_rows,
+        row_sum,
+        store_rows,
+        tile_offsets,
+    )
 
     @triton.jit
     def _layer_norm_kernel(
@@ -48,24 +56,15 @@ if triton is not None:
         CHUNK: tl.constexpr,
     ):
         rows, cols, col_mask, mask = tile_offsets(n_rows, n_cols, ROWS, SPLIT, CHUNK)
-        x = tl.load(
-            x_ptr + rows * x_row_stride + cols, mask=mask, other=0.0, eviction_policy="evict_first"
-        ).to(tl.float32)
+        x = load_rows(x_ptr, rows, x_row_stride, cols, mask)
         mean = row_sum(x) / n_cols
         # Padding columns must not add (0 - mean)^2 to the variance.
         xc = tl.where(col_mask, x - mean, 0.0)
         rstd = tl.rsqrt(row_sum(xc * xc) / n_cols + eps)
-        w = tl.load(w_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
-        b = tl.load(b_ptr + cols, mask=col_mask, other=0.0, eviction_policy="evict_last")
-        y = xc * rstd * w.to(tl.float32) + b.to(tl.float32)
-        tl.store(y_ptr + rows * y_row_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def param_error(
-    shape: tuple[int, ...], block_size: int, rows_per_program: int, threads_per_row: int
-) -> str | None:
-    """Why this tunable combination cannot (or should not) run at `shape`, else None."""
-    return tile_error(shape, block_size, rows_per_program, threads_per_row)
+        w = load_columns(w_ptr, cols, col_mask)
+        b = load_columns(b_ptr, cols, col_mask)
+        y = xc * rstd * w + b
+        store_rows(y_ptr, rows, y_row_stride, cols, y, mask)
 
 
 @torch.library.custom_op("fusionlab::layer_norm_triton", mutates_args=())

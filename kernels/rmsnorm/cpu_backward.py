@@ -15,25 +15,13 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels.common.backward_choices import SAVING_CHOICES
+from fusionlab.kernels.common.backward_headers import NORM_BACKWARD
 from fusionlab.kernels.rmsnorm import cpu_cpp
 
-RECOMPUTING_CHOICES: tuple[str, ...] = ("torch-ops", "fused")
-"""The backwards every op with a fused kernel has: torch-ops, kernels/norm_grads.py's backward;
-fused, its fused kernel, the row statistics recomputed from x."""
-BACKWARD_CHOICES: tuple[str, ...] = (*RECOMPUTING_CHOICES, "fused-saved")
-"""This op's: also fused-saved, the fused kernel reading the statistics the forward saved (fp32,
-one per row: more memory kept for backward, less arithmetic in it)."""
+BACKWARD_CHOICES = SAVING_CHOICES  # the forward can save each row's rstd: also fused-saved
 
-
-def check_backward(backward: str, choices: tuple[str, ...] = BACKWARD_CHOICES) -> None:
-    """Refuse a `backward` that is none of `choices`."""
-    if backward not in choices:
-        raise ValueError(f"backward must be one of {', '.join(choices)}, got {backward!r}")
-
-
-_CSRC = Path(__file__).parent / "csrc"
-_SOURCES = (_CSRC / "rmsnorm_backward_cpu.cpp",)
-_HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "norm_backward_partials.h")
+_SOURCES = (Path(__file__).parent / "csrc" / "rmsnorm_backward_cpu.cpp",)
 _op: Callable[..., torch.Tensor] | None = None
 _stats_op: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -42,7 +30,7 @@ def load_extension() -> float:
     """Build (first time per cache) or load the forward's and this operator; seconds spent."""
     global _op, _stats_op
     seconds = cpu_cpp.load_extension()
-    seconds += cpp_build.load("rmsnorm_backward_cpu", _SOURCES, _HEADERS)
+    seconds += cpp_build.load("rmsnorm_backward_cpu", _SOURCES, NORM_BACKWARD)
     _register_fakes()
     _op = torch.ops.fusionlab.rms_norm_cpu_fused_grad.default
     _stats_op = torch.ops.fusionlab.rms_norm_cpu_stats.default

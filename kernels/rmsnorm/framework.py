@@ -4,35 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
 from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
-
-
-def naive_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The seed's chain, one ATen op at a time (16-bit inputs computed in float32, as models do)."""
-    h = x if x.dtype == torch.float32 else x.to(torch.float32)
-    variance = (h * h).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(variance + eps)
-    if x.dtype != torch.float32:
-        h = h.to(x.dtype)
-    return h * weight
-
-
-def rmsnorm_with(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, numerics: Numerics
-) -> torch.Tensor:
-    """The ATen chain of a norm module with these numerics (fusionlab/numerics.py): fp32
-    statistics; "llama" rounds the normalised row to x's dtype before the weight multiply."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if numerics.rounds_normed:
-        h = h.to(x.dtype)
-    scale = weight.to(torch.float32)
-    if numerics.offset:
-        scale = numerics.offset + scale
-    return (scale * h).to(x.dtype)
 
 
 def builtin_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

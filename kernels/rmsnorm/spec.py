@@ -6,16 +6,11 @@ import math
 
 import torch
 
+from fusionlab.kernels.common.rms_math import EPS, rms_norm_float64, rms_norm_float64_with
+from fusionlab.kernels.common.tolerances import TOLERANCES
 from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
 from fusionlab.registry import register_op
-
-EPS = 1e-6
-TOLERANCES = {
-    torch.float32: Tolerance(atol=1e-4, rtol=1e-4),
-    torch.float16: Tolerance(atol=2e-3, rtol=2e-3),
-    torch.bfloat16: Tolerance(atol=1.6e-2, rtol=1.6e-2),
-}
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
@@ -26,30 +21,10 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
     return x.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype), EPS
 
 
-def rms_norm_float64(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of float64 copies on the CPU."""
-    x64 = x.detach().to("cpu", torch.float64)
-    w64 = weight.detach().to("cpu", torch.float64)
-    return x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w64
-
-
 def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
     x, weight, eps = inputs
     assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
     return (rms_norm_float64(x, weight, float(eps)),)  # type: ignore[arg-type]
-
-
-def rms_norm_float64_with(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, numerics: Numerics,
-    dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """RMSNorm in float64 under `numerics`; "llama" rounds the normalised row to `dtype` (default
-    x's), its gradient passing straight through the rounding. Differentiable: no detach."""
-    x64 = x.to("cpu", torch.float64)
-    normed = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps)
-    if numerics.rounds_normed:
-        normed = normed.to(dtype or x.dtype).to(torch.float64)
-    return normed * (numerics.offset + weight.to("cpu", torch.float64))
 
 
 def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ...]:

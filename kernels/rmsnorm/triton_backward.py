@@ -7,7 +7,7 @@ the `triton` variant uses is its `backward` tunable, swept only by the passes wi
 (fusionlab/registry.py).
 
 Verified only in Triton's CPU interpreter here (tests/test_triton_fused_backward.py); the tile
-layout and launch are the forward's (kernels/rmsnorm/triton_kernel.py)."""
+layout and launch are the forward's (kernels/common/triton_tiles.py)."""
 
 from __future__ import annotations
 
@@ -16,37 +16,19 @@ from typing import Any
 import torch
 
 from fusionlab.kernels import norm_grads
-from fusionlab.kernels.rmsnorm.cpu_backward import RECOMPUTING_CHOICES
-from fusionlab.kernels.rmsnorm.cpu_backward import check_backward as check_choice
-from fusionlab.kernels.rmsnorm.triton_kernel import (
-    as_rows,
-    check_launch,
-    num_warps_for,
-    param_error,
-    rms_norm_triton,
-    tile_constexprs,
-    triton,
-)
+from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
+from fusionlab.kernels.common.triton_backward import launch_backward
+from fusionlab.kernels.common.triton_tiles import triton
+from fusionlab.kernels.rmsnorm.triton_kernel import rms_norm_triton
 
 BACKWARD_CHOICES = RECOMPUTING_CHOICES  # torch-ops, or this module's fused kernel
-
-
-def check_backward(backward: str) -> None:
-    """Refuse a `backward` that is none of BACKWARD_CHOICES."""
-    check_choice(backward, BACKWARD_CHOICES)
 
 
 if triton is not None:
     import triton.language as tl
 
-    from fusionlab.kernels.rmsnorm.triton_kernel import row_sum, tile_offsets
-
-    @triton.jit
-    def store_partial(partial_ptr, v, n_cols, SPLIT: tl.constexpr, CHUNK: tl.constexpr):
-        """This program's rows of a [SPLIT, ROWS, CHUNK] tile summed into its row of partials."""
-        cols = tl.arange(0, SPLIT)[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :]
-        tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * n_cols + cols, tl.sum(v, axis=1),
-                 mask=cols < n_cols)
+    from fusionlab.kernels.common.triton_backward import store_partial
+    from fusionlab.kernels.common.triton_tiles import row_sum, tile_offsets
 
     @triton.jit
     def _rms_norm_backward_kernel(
@@ -76,31 +58,6 @@ if triton is not None:
         dx = (w_dy - x_hat * (row_sum(x_hat * w_dy) / n_cols)) * rstd
         tl.store(dx_ptr + rows * dx_row_stride + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         store_partial(dw_partial_ptr, dy * x_hat, n_cols, SPLIT, CHUNK)
-
-
-def launch_backward(kernel: Any, grad_y: torch.Tensor, x: torch.Tensor,
-                    vectors: tuple[torch.Tensor, ...], eps: float, block_size: int,
-                    rows_per_program: int, threads_per_row: int) -> tuple[torch.Tensor, ...]:
-    """Run a fused backward kernel taking (dy, x, *vectors, dx, one partials buffer per vector,
-    strides, n_rows, n_cols, eps, tile): dx, then each vector's gradient summed over the
-    programs' partials in a fixed order."""
-    check_launch(x, param_error(tuple(x.shape), block_size, rows_per_program, threads_per_row),
-                 *vectors)
-    x2d, dy2d = as_rows(x), as_rows(grad_y)
-    n_rows, hidden = x2d.shape
-    dx = torch.empty((n_rows, hidden), dtype=x.dtype, device=x.device)
-    programs = triton.cdiv(n_rows, rows_per_program)
-    partials = [torch.zeros((programs, hidden), dtype=torch.float32, device=x.device)
-                for _ in vectors]
-    if n_rows:
-        kernel[(programs,)](
-            dy2d, x2d, *(v.contiguous() for v in vectors), dx, *partials,
-            dy2d.stride(0), x2d.stride(0), dx.stride(0), n_rows, hidden, eps,
-            **tile_constexprs(block_size, rows_per_program, threads_per_row, x.element_size()),
-            num_warps=num_warps_for(rows_per_program, threads_per_row),
-        )
-    return dx.view(x.shape), *(p.sum(0).to(v.dtype) for p, v in zip(partials, vectors,
-                                                                     strict=True))
 
 
 @torch.library.custom_op("fusionlab::rms_norm_triton_backward", mutates_args=())
