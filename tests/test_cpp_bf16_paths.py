@@ -179,3 +179,21 @@ def test_scalar_build_paths_match_float64():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("passes", cpu_store.PASSES_CHOICES)
+def test_paths_overloads_pass_opcheck(passes):
+    # Schema, fake kernels, autograd registration and torch.compile tracing of the new overloads.
+    layer.load_extension()
+    x, r, w = (t.requires_grad_() for t in _inputs((4, 40), torch.float32))
+    b = torch.zeros(40, requires_grad=True)
+    ops = torch.ops.fusionlab
+    torch.library.opcheck(ops.rms_norm_cpu.paths, (x, w, EPS, 1, "none", 0.0, "plain", passes,
+                                                   1 << 16))
+    torch.library.opcheck(ops.add_rms_norm_cpu.paths, (x, r, w, EPS, 1, "gemma", 1.0, "plain",
+                                                       passes, 1 << 16))
+    torch.library.opcheck(ops.layer_norm_cpu.paths, (x, w, b, EPS, 1, "plain", "welford", 1,
+                                                     1 << 16))
+    x_in, r_in = x.detach().clone(), r.detach().clone()
+    torch.library.opcheck(ops.add_rms_norm_cpu_.default, (x_in, r_in, w.detach(), EPS, 1, "none",
+                                                          0.0, passes, 1 << 16))
