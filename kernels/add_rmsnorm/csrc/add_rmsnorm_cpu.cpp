@@ -1,11 +1,12 @@
 // Residual add fused with RMSNorm for CPU: s = x + residual (in fp32), residual_out = s stored
 // in x's dtype, out = s * rsqrt(mean(s^2) + eps) * weight.
-// Two passes per row (or one, `passes`: see add_rms_norm_row_one_pass). Pass 1 reads x and residual (the only DRAM read) and accumulates sum(s^2)
-// in fp32. Pass 2 re-reads both from L1/L2, forms s again (bit-identical), and writes
-// residual_out and out: out is thus computed from the fp32 sum, as vLLM's fused_add_rms_norm
-// computes its variance, and neither output has to be re-read, so both can be written with
-// non-temporal stores when they are big (writing residual_out in pass 1 instead would keep it
-// out of streaming, since pass 2 would then have to read it back).
+// Two passes per row (or one, `passes`: see add_rms_norm_row_one_pass). Pass 1 reads x and
+// residual (the only DRAM read) and accumulates sum(s^2) in fp32. Pass 2 re-reads both from
+// L1/L2, forms s again (bit-identical), and writes residual_out and out: out is thus computed from
+// the fp32 sum, as vLLM's fused_add_rms_norm computes its variance, and neither output has to be
+// re-read, so both can be written with non-temporal stores when they are big (writing
+// residual_out in pass 1 instead would keep it out of streaming, since pass 2 would then have to
+// read it back).
 // The in-place flavour (vLLM's contract) writes out into x and s into residual: each block is
 // read before it is written, so the same two passes are safe in place. The out-of-place op's
 // `store` picks plain or non-temporal stores (StoreKind); in place, stores are always plain.
@@ -59,8 +60,8 @@ inline float add_scalar(T x, T r) {
   return kRoundSum ? round_scalar<T>(s) : s;
 }
 
-// Sum of the squares of s = x + r (in fp32) with four independent accumulators: several FMAs in flight
-// instead of one dependent chain.
+// Sum of the squares of s = x + r (in fp32) with four independent accumulators: several FMAs in
+// flight instead of one dependent chain.
 template <typename T>
 float fast_add_sum_sq(const T* x, const T* r, int64_t n) {
   fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);

@@ -63,8 +63,8 @@ void layer_norm_group(const T* x, int64_t stride, const T* next, const float* w,
 }
 
 // grain is parallel_for's: the fewest rows a task gets, so small inputs wake fewer threads (none
-// for rows <= grain; grain_rows in cpu_norm_common.h). Each task takes its rows kGroup at a time, and any
-// left over one by one. mean and rstd: one float per row each, or both null.
+// for rows <= grain; grain_rows in cpu_norm_common.h). Each task takes its rows kGroup at a time,
+// and any left over one by one. mean and rstd: one float per row each, or both null.
 template <bool kStream, Stats kStats, int kGroup, typename T>
 void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const float* b, T* y,
                      int64_t rows, int64_t hidden, float eps, int64_t grain, float* mean,

@@ -1,9 +1,9 @@
 // RMSNorm over the last dim for CPU: y = x * rsqrt(mean(x^2) + eps) * weight.
 // Two passes per row (sum of squares, then scaled write; or one read into an fp32 row buffer, see
-// Passes), all arithmetic in fp32, one rounding on store; with casting "llama" the normalised row is also rounded to x's dtype before the weight
-// multiply (HF LlamaRMSNorm), and `offset` is added to the weight (Gemma's 1 + weight); `store`
-// picks plain or non-temporal stores (see StoreKind). Shared helpers (loads, stores, streaming,
-// strides) are in cpu_norm_common.h.
+// Passes), all arithmetic in fp32, one rounding on store; with casting "llama" the normalised row
+// is also rounded to x's dtype before the weight multiply (HF LlamaRMSNorm), and `offset` is
+// added to the weight (Gemma's 1 + weight); `store` picks plain or non-temporal stores (see
+// StoreKind). Shared helpers (loads, stores, streaming, strides) are in cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
 #include "torch_order_sum.h"
