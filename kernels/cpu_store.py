@@ -12,6 +12,12 @@ not yet mapped, a scalar build), as the C++ StoreKind in rmsnorm/csrc/cpu_norm_c
 sums (fewer operations per element; layernorm/csrc/welford_moments.h says when they lose accuracy,
 and the float64 gate judges each cell). `row_group`: rows normalised together, sharing each load
 of the weight and bias (1, or 4 where x has at least 4 rows; a task's leftover rows go one by one).
+
+`passes` (RMSNorm kernels): "two" reads each row for its statistics and again from L1/L2 for the
+normalised write; "one" widens it once into an fp32 row buffer that both steps read (a bf16 or
+fp16 element is converted once), offered where that buffer fits in L2. Bit for bit the same.
+`task_bytes`: the least bytes of x a parallel task covers (0: rows_per_task alone sets the grain);
+short rows then wake no more threads than their bytes are worth.
 """
 
 from __future__ import annotations
@@ -25,6 +31,10 @@ STREAM_MIN_ELEMENTS = 1 << 18
 """Outputs smaller than this (1 MiB in fp32) are not offered "stream": they stay in cache."""
 STATS_CHOICES: tuple[str, ...] = ("welford", "shifted")
 ROW_GROUP_CHOICES: tuple[int, ...] = (1, 4)
+PASSES_CHOICES: tuple[str, ...] = ("two", "one")
+ONE_PASS_MAX_ELEMENTS = 1 << 16
+"""Rows wider than this (a 256 KiB fp32 buffer) would not stay in L2: "one" is not offered."""
+TASK_BYTES_CHOICES: tuple[int, ...] = (0, 1 << 16)
 _ROW_ALIGN_ELEMENTS = 32  # 64 bytes of bf16/fp16; of fp32, two cache lines
 
 
@@ -51,4 +61,15 @@ def layout_error(shape: tuple[int, ...], stats: str, row_group: int) -> str | No
         return f"row_group must be one of {', '.join(map(str, ROW_GROUP_CHOICES))}; got {row_group}"
     if row_group > 1 and math.prod(shape[:-1]) < row_group:
         return f"row_group {row_group} needs at least {row_group} rows"
+    return None
+
+
+def path_error(shape: tuple[int, ...], passes: str, task_bytes: int) -> str | None:
+    """Why `passes` or `task_bytes` cannot run at this shape, or None."""
+    if passes not in PASSES_CHOICES:
+        return f"passes must be one of {', '.join(PASSES_CHOICES)}; got {passes!r}"
+    if task_bytes < 0:
+        return f"task_bytes must be >= 0, got {task_bytes}"
+    if passes == "one" and shape[-1] > ONE_PASS_MAX_ELEMENTS:
+        return f"passes one is offered for rows of up to {ONE_PASS_MAX_ELEMENTS} elements"
     return None

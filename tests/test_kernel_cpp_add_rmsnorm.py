@@ -203,7 +203,7 @@ def test_profiler_sees_one_op_record_per_call(fn, name):
 
 def test_module_contract():
     assert set(cpu_cpp.TUNABLES) == {"rows_per_task", "store"}
-    assert set(cpu_cpp.INPLACE_TUNABLES) == {"rows_per_task"}
+    assert set(cpu_cpp.INPLACE_TUNABLES) == {"rows_per_task", "passes", "task_bytes"}
     assert all(cpu_cpp.param_error((2, 64), rows_per_task=r) is None for r in ROWS_PER_TASK)
     assert cpu_cpp.param_error((2, 64), rows_per_task=0) is not None
     # "stream" only where it can take effect: big enough, rows of whole 64-byte lines.

@@ -2,7 +2,8 @@
 mean/variance, Welford's or shifted sums, then the normalised write), JIT-built and cached by
 kernels/cpp_build.py. Loading also registers its fake kernels; its autograd kernel is C++
 (backward: norm_grads.py). `fusionlab::layer_norm_cpu_stats` is the same forward also returning
-each row's mean and rstd (fp32); its autograd kernel is cpu_backward.py's."""
+each row's mean and rstd (fp32); its autograd kernel is cpu_backward.py's. The `paths` overload of
+`layer_norm_cpu` also takes `task_bytes` (kernels/cpu_store.py)."""
 
 from __future__ import annotations
 
@@ -36,13 +37,14 @@ def unavailable_reason() -> str | None:
 
 
 def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
-                stats: str = "welford", row_group: int = 1) -> str | None:
+                stats: str = "welford", row_group: int = 1, task_bytes: int = 0) -> str | None:
     """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain); "stream"
     only where it can take effect, row_group 4 only where there are rows to group
     (kernels/cpu_store.py)."""
     if rows_per_task < 1:
         return f"rows_per_task must be >= 1, got {rows_per_task}"
-    return cpu_store.store_error(shape, store) or cpu_store.layout_error(shape, stats, row_group)
+    return (cpu_store.store_error(shape, store) or cpu_store.layout_error(shape, stats, row_group)
+            or cpu_store.path_error(shape, "two", task_bytes))
 
 
 def load_extension() -> float:
@@ -50,13 +52,14 @@ def load_extension() -> float:
     global _op
     seconds = cpp_build.load("layernorm_cpu", _SOURCES, _HEADERS)
     _register_fake()
-    _op = torch.ops.fusionlab.layer_norm_cpu.default
+    _op = torch.ops.fusionlab.layer_norm_cpu.paths
     return seconds
 
 
 @functools.cache
 def _register_fake() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
+    torch.library.register_fake(f"{OP_NAME}.paths")(_fake_paths)
     torch.library.register_fake("fusionlab::layer_norm_cpu_stats")(_fake_stats)
 
 
@@ -73,13 +76,19 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
     return norm_grads.empty_like_rows(x)
 
 
+def _fake_paths(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                rows_per_task: int, store: str = "auto", stats: str = "welford",
+                row_group: int = 1, task_bytes: int = 0) -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
+
+
 def layer_norm_cpp(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int,
-    store: str = "auto", stats: str = "welford", row_group: int = 1,
+    store: str = "auto", stats: str = "welford", row_group: int = 1, task_bytes: int = 0,
 ) -> torch.Tensor:
-    """LayerNorm of x over its last dim, with weight and bias; rows_per_task is the grain, store
-    the kind of output stores, stats the row statistics, row_group the rows normalised together
-    (kernels/cpu_store.py)."""
+    """LayerNorm of x over its last dim, with weight and bias; rows_per_task and task_bytes set
+    the grain, store the kind of output stores, stats the row statistics, row_group the rows
+    normalised together (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, weight, bias, eps, rows_per_task, store, stats, row_group)
+    return _op(x, weight, bias, eps, rows_per_task, store, stats, row_group, task_bytes)

@@ -3,7 +3,8 @@ use by kernels/cpp_build.py (torch.utils.cpp_extension) and cached so later proc
 Loading also registers its fake kernels (torch.compile traces it without a graph break). Its
 autograd kernel is C++ (csrc/rmsnorm_cpu.cpp); the backward is kernels/norm_grads.py's op.
 `fusionlab::rms_norm_cpu_stats` is the same forward also returning each row's rstd (fp32); its
-autograd kernel is cpu_backward.py's."""
+autograd kernel is cpu_backward.py's. The `paths` overload of `rms_norm_cpu` also takes `passes`
+and `task_bytes` (kernels/cpu_store.py)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,14 @@ def unavailable_reason() -> str | None:
     return cpp_build.unavailable_reason()
 
 
-def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto") -> str | None:
+def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
+                passes: str = "two", task_bytes: int = 0) -> str | None:
     """Every rows_per_task >= 1 runs at every shape (it is only parallel_for's grain); "stream"
-    only where it can take effect (kernels/cpu_store.py)."""
+    only where it can take effect, one pass only where the row stays cached
+    (kernels/cpu_store.py)."""
     if rows_per_task < 1:
         return f"rows_per_task must be >= 1, got {rows_per_task}"
-    return cpu_store.store_error(shape, store)
+    return cpu_store.store_error(shape, store) or cpu_store.path_error(shape, passes, task_bytes)
 
 
 def load_extension() -> float:
@@ -49,13 +52,14 @@ def load_extension() -> float:
     global _op
     seconds = cpp_build.load("rmsnorm_cpu", _SOURCES, _HEADERS)
     _register_fake()
-    _op = torch.ops.fusionlab.rms_norm_cpu.default
+    _op = torch.ops.fusionlab.rms_norm_cpu.paths
     return seconds
 
 
 @functools.cache
 def _register_fake() -> None:
     torch.library.register_fake(OP_NAME)(_fake)
+    torch.library.register_fake(f"{OP_NAME}.paths")(_fake_paths)
     torch.library.register_fake("fusionlab::rms_norm_cpu_stats")(_fake_stats)
 
 
@@ -70,21 +74,29 @@ def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
     return norm_grads.empty_like_rows(x)
 
 
+def _fake_paths(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
+                casting: str = "none", offset: float = 0.0, store: str = "auto",
+                passes: str = "two", task_bytes: int = 0) -> torch.Tensor:
+    return norm_grads.empty_like_rows(x)
+
+
 def rms_norm_cpp(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, store: str = "auto"
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, store: str = "auto",
+    passes: str = "two", task_bytes: int = 0,
 ) -> torch.Tensor:
-    """RMSNorm of x over its last dim, scaled by weight; rows_per_task is the parallel grain,
-    store the kind of output stores (kernels/cpu_store.py)."""
+    """RMSNorm of x over its last dim, scaled by weight; rows_per_task and task_bytes set the
+    parallel grain, store the kind of output stores, passes the reads of each row
+    (kernels/cpu_store.py)."""
     if _op is None:
         load_extension()
-    return _op(x, weight, eps, rows_per_task, store=store)
+    return _op(x, weight, eps, rows_per_task, store=store, passes=passes, task_bytes=task_bytes)
 
 
 def rms_norm_cpp_with(
     x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, casting: str,
-    offset: float, store: str = "auto",
+    offset: float, store: str = "auto", passes: str = "two", task_bytes: int = 0,
 ) -> torch.Tensor:
     """rms_norm_cpp with a module's numerics (fusionlab/numerics.py): casting mode and offset."""
     if _op is None:
         load_extension()
-    return _op(x, weight, eps, rows_per_task, casting, offset, store)
+    return _op(x, weight, eps, rows_per_task, casting, offset, store, passes, task_bytes)

@@ -62,14 +62,14 @@ void layer_norm_group(const T* x, int64_t stride, const T* next, const float* w,
   }
 }
 
-// rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
-// threads (none for rows <= rows_per_task). Each task takes its rows kGroup at a time, and any
-// left over one by one. mean and rstd: one float per row each, or both null.
+// grain is parallel_for's: the fewest rows a task gets, so small inputs wake fewer threads (none
+// for rows <= grain; grain_rows in cpu_norm_common.h). Each task takes its rows kGroup at a time,
+// and any left over one by one. mean and rstd: one float per row each, or both null.
 template <bool kStream, Stats kStats, int kGroup, typename T>
 void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const float* b, T* y,
-                     int64_t rows, int64_t hidden, float eps, int64_t rows_per_task, float* mean,
+                     int64_t rows, int64_t hidden, float eps, int64_t grain, float* mean,
                      float* rstd) {
-  at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     const auto at_row = [](float* stats, int64_t r) {
       return stats == nullptr ? nullptr : stats + r;
     };
@@ -111,9 +111,10 @@ auto layer_norm_rows_for(bool stream, Stats stats, int64_t row_group) {
 // (allocated here) and, when `mean` and `rstd` are given, each row's statistics (fp32).
 at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                            double eps, int64_t rows_per_task, c10::string_view store,
-                           c10::string_view stats, int64_t row_group, at::Tensor* mean,
-                           at::Tensor* rstd) {
+                           c10::string_view stats, int64_t row_group, int64_t task_bytes,
+                           at::Tensor* mean, at::Tensor* rstd) {
   const StoreKind store_kind = parse_store(store, "fusionlab::layer_norm_cpu");
+  check_task_bytes(task_bytes, "fusionlab::layer_norm_cpu");
   const Stats stats_kind = parse_stats(stats, "fusionlab::layer_norm_cpu");
   check_row_group(row_group, "fusionlab::layer_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu(),
@@ -161,17 +162,25 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const 
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
+    const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * sizeof(scalar_t));
     layer_norm_rows_for<scalar_t>(stream, stats_kind, row_group)(
-        x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, rows_per_task, mean_ptr, rstd_ptr);
+        x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, grain, mean_ptr, rstd_ptr);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
+}
+
+at::Tensor layer_norm_cpu_paths(const at::Tensor& x, const at::Tensor& weight,
+                                const at::Tensor& bias, double eps, int64_t rows_per_task,
+                                c10::string_view store, c10::string_view stats,
+                                int64_t row_group, int64_t task_bytes) {
+  return layer_norm_into(x, weight, bias, eps, rows_per_task, store, stats, row_group,
+                         task_bytes, nullptr, nullptr);
 }
 
 at::Tensor layer_norm_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                           double eps, int64_t rows_per_task, c10::string_view store,
                           c10::string_view stats, int64_t row_group) {
-  return layer_norm_into(x, weight, bias, eps, rows_per_task, store, stats, row_group, nullptr,
-                         nullptr);
+  return layer_norm_cpu_paths(x, weight, bias, eps, rows_per_task, store, stats, row_group, 0);
 }
 
 // layer_norm_cpu's y (the same code path, bit for bit) and each row's mean and rstd in fp32,
@@ -181,19 +190,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_stats(
     int64_t rows_per_task, c10::string_view store, c10::string_view stats, int64_t row_group) {
   at::Tensor mean, rstd;
   at::Tensor y = layer_norm_into(x, weight, bias, eps, rows_per_task, store, stats, row_group,
-                                 &mean, &rstd);
+                                 0, &mean, &rstd);
   return {y, mean, rstd};
 }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// layer_norm_cpu.paths, which both overloads redispatch to below autograd.
 const auto& forward_op() {
   static const auto op =
       c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusionlab::layer_norm_cpu", "")
+          .findSchemaOrThrow("fusionlab::layer_norm_cpu", "paths")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                            int64_t, c10::string_view, c10::string_view, int64_t)>();
+                            int64_t, c10::string_view, c10::string_view, int64_t, int64_t)>();
   return op;
 }
 
@@ -202,12 +212,13 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, double eps, int64_t rows_per_task,
                             const std::string& store, const std::string& stats,
-                            int64_t row_group, c10::DispatchKeySet below) {
+                            int64_t row_group, int64_t task_bytes,
+                            c10::DispatchKeySet below) {
     ctx->save_for_backward({x, weight, bias});
     ctx->saved_data["eps"] = eps;
     at::AutoDispatchBelowADInplaceOrView guard;
     return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
-                                   row_group);
+                                   row_group, task_bytes);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -221,22 +232,31 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] = backward_op.call(
         grads[0], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble());
-    return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}, {}, {}};
+    return {grad_x, grad_weight, grad_bias, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
-// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+// The Autograd kernels, in C++ so that a call that needs no gradient pays no Python.
+at::Tensor layer_norm_cpu_paths_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                         const at::Tensor& weight, const at::Tensor& bias,
+                                         double eps, int64_t rows_per_task,
+                                         c10::string_view store, c10::string_view stats,
+                                         int64_t row_group, int64_t task_bytes) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight, bias)) {
+    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
+                                   row_group, task_bytes);
+  }
+  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, std::string(store),
+                                  std::string(stats), row_group, task_bytes, below);
+}
+
 at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
                                    int64_t rows_per_task, c10::string_view store,
                                    c10::string_view stats, int64_t row_group) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, weight, bias)) {
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
-                                   row_group);
-  }
-  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, std::string(store),
-                                  std::string(stats), row_group, below);
+  return layer_norm_cpu_paths_autograd(keys, x, weight, bias, eps, rows_per_task, store, stats,
+                                       row_group, 0);
 }
 
 }  // namespace
@@ -245,6 +265,10 @@ at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task, "
         "str store=\"auto\", str stats=\"welford\", int row_group=1) -> Tensor");
+  // The same op with a parallel grain by bytes too (grain_rows in cpu_norm_common.h).
+  m.def("layer_norm_cpu.paths(Tensor x, Tensor weight, Tensor bias, float eps, "
+        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1, "
+        "int task_bytes=0) -> Tensor");
   m.def("layer_norm_cpu_stats(Tensor x, Tensor weight, Tensor bias, float eps, "
         "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
         "-> (Tensor, Tensor, Tensor)");
@@ -252,9 +276,11 @@ TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("layer_norm_cpu", &layer_norm_cpu);
+  m.impl("layer_norm_cpu.paths", &layer_norm_cpu_paths);
   m.impl("layer_norm_cpu_stats", &layer_norm_cpu_stats);
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
   m.impl("layer_norm_cpu", &layer_norm_cpu_autograd);
+  m.impl("layer_norm_cpu.paths", &layer_norm_cpu_paths_autograd);
 }

@@ -10,6 +10,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <tuple>
@@ -157,6 +158,75 @@ inline void prefetch_block(const T* p) {
   for (int64_t byte = 0; byte < kBlock * static_cast<int64_t>(sizeof(T)); byte += 64) {
     __builtin_prefetch(reinterpret_cast<const char*>(p) + byte, 0, 2);
   }
+}
+
+// Sum of squares with four independent accumulators: several FMAs in flight instead of one
+// dependent chain. The same order for every T, so an fp32 copy of a row sums bit for bit alike.
+template <typename T>
+float fast_sum_sq(const T* x, int64_t n) {
+  fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
+  int64_t i = 0;
+  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
+    fVec a, b, c, d;
+    load_block(x + i, a, b);
+    load_block(x + i + kBlock, c, d);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+    acc2 = at::vec::fmadd(c, c, acc2);
+    acc3 = at::vec::fmadd(d, d, acc3);
+  }
+  if (i + kBlock <= n) {
+    fVec a, b;
+    load_block(x + i, a, b);
+    acc0 = at::vec::fmadd(a, a, acc0);
+    acc1 = at::vec::fmadd(b, b, acc1);
+    i += kBlock;
+  }
+  float sum_sq = at::vec::vec_reduce_all<float>(
+      [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
+  for (; i < n; ++i) {
+    const float v = static_cast<float>(x[i]);
+    sum_sq += v * v;
+  }
+  return sum_sq;
+}
+
+// Passes over x per row (the `passes` argument): "two" reads the row for its statistics and again,
+// from L1/L2, for the normalised write; "one" widens it once into a per-task fp32 row buffer that
+// both steps read, so each element of a bf16/fp16 row is converted once. Same results bit for bit.
+enum class Passes { kTwo, kOne };
+
+inline Passes parse_passes(c10::string_view passes, const char* op) {
+  TORCH_CHECK(passes == "two" || passes == "one", op, ": passes must be two or one, got ",
+              passes);
+  return passes == "one" ? Passes::kOne : Passes::kTwo;
+}
+
+// x's row as fp32 in `buffer` (n floats).
+template <typename T>
+inline void widen_row(const T* x, float* buffer, int64_t n) {
+  int64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    fVec lo, hi;
+    load_block(x + i, lo, hi);
+    lo.store(buffer + i);
+    hi.store(buffer + i + fVec::size());
+  }
+  for (; i < n; ++i) {
+    buffer[i] = static_cast<float>(x[i]);
+  }
+}
+
+// parallel_for's grain (the fewest rows a task gets): rows_per_task, raised so that a task covers
+// at least task_bytes of x (the `task_bytes` argument; 0: rows only). With short rows this keeps
+// small inputs on fewer threads than a row count alone would wake.
+inline int64_t grain_rows(int64_t rows_per_task, int64_t task_bytes, int64_t row_bytes) {
+  const int64_t by_bytes = row_bytes > 0 ? (task_bytes + row_bytes - 1) / row_bytes : 1;
+  return std::max(rows_per_task, by_bytes);
+}
+
+inline void check_task_bytes(int64_t task_bytes, const char* op) {
+  TORCH_CHECK(task_bytes >= 0, op, ": task_bytes must be >= 0, got ", task_bytes);
 }
 
 // Rows a kernel may normalise together (the `row_group` argument: 1 or this), sharing each load

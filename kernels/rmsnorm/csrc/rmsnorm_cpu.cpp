@@ -1,9 +1,9 @@
 // RMSNorm over the last dim for CPU: y = x * rsqrt(mean(x^2) + eps) * weight.
-// Two passes per row (sum of squares, then scaled write), all arithmetic in fp32, one rounding on
-// store; with casting "llama" the normalised row is also rounded to x's dtype before the weight
-// multiply (HF LlamaRMSNorm), and `offset` is added to the weight (Gemma's 1 + weight); `store`
-// picks plain or non-temporal stores (see StoreKind). Shared helpers (loads, stores, streaming,
-// strides) are in cpu_norm_common.h.
+// Two passes per row (sum of squares, then scaled write; or one read into an fp32 row buffer, see
+// Passes), all arithmetic in fp32, one rounding on store; with casting "llama" the normalised row
+// is also rounded to x's dtype before the weight multiply (HF LlamaRMSNorm), and `offset` is
+// added to the weight (Gemma's 1 + weight); `store` picks plain or non-temporal stores (see
+// StoreKind). Shared helpers (loads, stores, streaming, strides) are in cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
 #include "torch_order_sum.h"
@@ -21,42 +21,12 @@ namespace {
 
 using namespace fusionlab_cpu;
 
-// Sum of squares with four independent accumulators: several FMAs in flight instead of one
-// dependent chain.
-template <typename T>
-float fast_sum_sq(const T* x, int64_t n) {
-  fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
-  int64_t i = 0;
-  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
-    fVec a, b, c, d;
-    load_block(x + i, a, b);
-    load_block(x + i + kBlock, c, d);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-    acc2 = at::vec::fmadd(c, c, acc2);
-    acc3 = at::vec::fmadd(d, d, acc3);
-  }
-  if (i + kBlock <= n) {
-    fVec a, b;
-    load_block(x + i, a, b);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-    i += kBlock;
-  }
-  float sum_sq = at::vec::vec_reduce_all<float>(
-      [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
-  for (; i < n; ++i) {
-    const float v = static_cast<float>(x[i]);
-    sum_sq += v * v;
-  }
-  return sum_sq;
-}
-
-// x_next is the row processed after this one (or x itself): it is prefetched during pass 2.
+// x (of type S: T, or the fp32 row buffer of a one-pass task) is read twice; x_next is the row
+// processed after this one (or x itself): it is prefetched during pass 2.
 // kTorchOrder sums the squares as ATen does (torch_order_sum.h), for a module's own numerics.
 // rstd, when not null, receives the row's 1 / rms (rms_norm_cpu_stats saves it for backward).
-template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename T>
-void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, float eps,
+template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename S, typename T>
+void rms_norm_row(const S* x, const T* x_next, const float* w, T* y, int64_t n, float eps,
                   float* rstd) {
   float sum_sq;
   if constexpr (kTorchOrder) {
@@ -91,17 +61,26 @@ void rms_norm_row(const T* x, const T* x_next, const float* w, T* y, int64_t n, 
   }
 }
 
-// rows_per_task is parallel_for's grain: the fewest rows a task gets, so small inputs wake fewer
-// threads (none for rows <= rows_per_task). rstd: one float per row, or null.
-template <bool kStream, bool kRoundNormed, bool kTorchOrder, typename T>
+// grain is parallel_for's: the fewest rows a task gets, so small inputs wake fewer threads (none
+// for rows <= grain). kOnePass: each row is widened once into the task's fp32 buffer (Passes).
+// rstd: one float per row, or null.
+template <bool kStream, bool kRoundNormed, bool kTorchOrder, bool kOnePass, typename T>
 void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64_t rows,
-                   int64_t hidden, float eps, int64_t rows_per_task, float* rstd) {
-  at::parallel_for(0, rows, rows_per_task, [&](int64_t begin, int64_t end) {
+                   int64_t hidden, float eps, int64_t grain, float* rstd) {
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(kOnePass ? hidden : 0);
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * x_row_stride;
       const T* next = r + 1 < end ? row + x_row_stride : row;
-      rms_norm_row<kStream, kRoundNormed, kTorchOrder>(row, next, w, y + r * hidden, hidden, eps,
-                                                       rstd == nullptr ? nullptr : rstd + r);
+      float* row_rstd = rstd == nullptr ? nullptr : rstd + r;
+      if constexpr (kOnePass) {
+        widen_row(row, buffer.data(), hidden);
+        rms_norm_row<kStream, kRoundNormed, kTorchOrder>(buffer.data(), next, w, y + r * hidden,
+                                                         hidden, eps, row_rstd);
+      } else {
+        rms_norm_row<kStream, kRoundNormed, kTorchOrder>(row, next, w, y + r * hidden, hidden,
+                                                         eps, row_rstd);
+      }
     }
     if constexpr (kStream) {
       stream_fence();
@@ -109,13 +88,32 @@ void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64
   });
 }
 
+// The instantiation for this call's store kind, numerics and passes: casting "none" sums fast;
+// a module's numerics ("llama", "gemma") also mean its order of summing.
+template <typename T>
+auto rms_norm_rows_for(bool stream, c10::string_view casting, bool round_normed, Passes passes) {
+  using Fn = decltype(&rms_norm_rows<false, false, false, false, T>);
+  static constexpr Fn table[2][3][2] = {
+      {{rms_norm_rows<false, false, false, false, T>, rms_norm_rows<false, false, false, true, T>},
+       {rms_norm_rows<false, false, true, false, T>, rms_norm_rows<false, false, true, true, T>},
+       {rms_norm_rows<false, true, true, false, T>, rms_norm_rows<false, true, true, true, T>}},
+      {{rms_norm_rows<true, false, false, false, T>, rms_norm_rows<true, false, false, true, T>},
+       {rms_norm_rows<true, false, true, false, T>, rms_norm_rows<true, false, true, true, T>},
+       {rms_norm_rows<true, true, true, false, T>, rms_norm_rows<true, true, true, true, T>}}};
+  const int numerics = casting == "none" ? 0 : (round_normed ? 2 : 1);
+  return table[stream][numerics][passes == Passes::kOne];
+}
+
 // The body of rms_norm_cpu and rms_norm_cpu_stats: checks the arguments and writes y (allocated
 // here) and, when `rstd` is defined (fp32, one per row), each row's 1 / rms.
 at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps,
                          int64_t rows_per_task, c10::string_view casting, double offset,
-                         c10::string_view store, at::Tensor* rstd) {
+                         c10::string_view store, c10::string_view passes, int64_t task_bytes,
+                         at::Tensor* rstd) {
   const bool round_normed = rounds_normed(casting, "fusionlab::rms_norm_cpu");
   const StoreKind store_kind = parse_store(store, "fusionlab::rms_norm_cpu");
+  const Passes passes_kind = parse_passes(passes, "fusionlab::rms_norm_cpu");
+  check_task_bytes(task_bytes, "fusionlab::rms_norm_cpu");
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
               "fusionlab::rms_norm_cpu: x and weight must be CPU tensors, got ", x.device(),
               " and ", weight.device());
@@ -155,24 +153,25 @@ at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double e
     const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    // A module's numerics ("llama", "gemma") also mean its order of summing.
-    const auto rows_fn = casting == "none"
-        ? (stream ? rms_norm_rows<true, false, false, scalar_t>
-                  : rms_norm_rows<false, false, false, scalar_t>)
-        : round_normed
-        ? (stream ? rms_norm_rows<true, true, true, scalar_t>
-                  : rms_norm_rows<false, true, true, scalar_t>)
-        : (stream ? rms_norm_rows<true, false, true, scalar_t>
-                  : rms_norm_rows<false, false, true, scalar_t>);
-    rows_fn(x_ptr, stride, w, y_ptr, rows, hidden, eps_f, rows_per_task, rstd_ptr);
+    const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * sizeof(scalar_t));
+    rms_norm_rows_for<scalar_t>(stream, casting, round_normed, passes_kind)(
+        x_ptr, stride, w, y_ptr, rows, hidden, eps_f, grain, rstd_ptr);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
+}
+
+at::Tensor rms_norm_cpu_paths(const at::Tensor& x, const at::Tensor& weight, double eps,
+                              int64_t rows_per_task, c10::string_view casting, double offset,
+                              c10::string_view store, c10::string_view passes,
+                              int64_t task_bytes) {
+  return rms_norm_into(x, weight, eps, rows_per_task, casting, offset, store, passes, task_bytes,
+                       nullptr);
 }
 
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps,
                         int64_t rows_per_task, c10::string_view casting, double offset,
                         c10::string_view store) {
-  return rms_norm_into(x, weight, eps, rows_per_task, casting, offset, store, nullptr);
+  return rms_norm_cpu_paths(x, weight, eps, rows_per_task, casting, offset, store, "two", 0);
 }
 
 // rms_norm_cpu's y (the same code path, bit for bit) and each row's 1 / rms in fp32, shaped as
@@ -181,21 +180,23 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_stats(
     const at::Tensor& x, const at::Tensor& weight, double eps, int64_t rows_per_task,
     c10::string_view casting, double offset, c10::string_view store) {
   at::Tensor rstd;
-  at::Tensor y = rms_norm_into(x, weight, eps, rows_per_task, casting, offset, store, &rstd);
+  at::Tensor y =
+      rms_norm_into(x, weight, eps, rows_per_task, casting, offset, store, "two", 0, &rstd);
   return {y, rstd};
 }
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The op as typed handles: the forward (redispatched below autograd) and its backward, which
-// kernels/norm_grads.py registers in torch ops.
+// The op as typed handles: the forward with every path argument (rms_norm_cpu.paths, which both
+// overloads redispatch to below autograd) and its backward, which kernels/norm_grads.py registers.
 const auto& forward_op() {
   static const auto op =
       c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusionlab::rms_norm_cpu", "")
+          .findSchemaOrThrow("fusionlab::rms_norm_cpu", "paths")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t,
-                            c10::string_view, double, c10::string_view)>();
+                            c10::string_view, double, c10::string_view, c10::string_view,
+                            int64_t)>();
   return op;
 }
 
@@ -204,13 +205,14 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             double eps, int64_t rows_per_task, const std::string& casting,
                             double offset, const std::string& store,
+                            const std::string& passes, int64_t task_bytes,
                             c10::DispatchKeySet below) {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["offset"] = offset;
     at::AutoDispatchBelowADInplaceOrView guard;
     return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset,
-                                   store);
+                                   store, passes, task_bytes);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -223,21 +225,31 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
     auto [grad_x, grad_weight] =
         backward_op.call(grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
                          ctx->saved_data["offset"].toDouble());
-    return {grad_x, grad_weight, {}, {}, {}, {}, {}, {}};
+    return {grad_x, grad_weight, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
-// The Autograd kernel, in C++ so that a call that needs no gradient pays no Python.
+// The Autograd kernels, in C++ so that a call that needs no gradient pays no Python.
+at::Tensor rms_norm_cpu_paths_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                       const at::Tensor& weight, double eps,
+                                       int64_t rows_per_task, c10::string_view casting,
+                                       double offset, c10::string_view store,
+                                       c10::string_view passes, int64_t task_bytes) {
+  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
+  if (!needs_grad(x, weight)) {
+    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset, store,
+                                   passes, task_bytes);
+  }
+  return RMSNormFunction::apply(x, weight, eps, rows_per_task, std::string(casting), offset,
+                                std::string(store), std::string(passes), task_bytes, below);
+}
+
 at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                  const at::Tensor& weight, double eps, int64_t rows_per_task,
                                  c10::string_view casting, double offset,
                                  c10::string_view store) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, weight)) {
-    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset, store);
-  }
-  return RMSNormFunction::apply(x, weight, eps, rows_per_task, std::string(casting), offset,
-                                std::string(store), below);
+  return rms_norm_cpu_paths_autograd(keys, x, weight, eps, rows_per_task, casting, offset, store,
+                                     "two", 0);
 }
 
 }  // namespace
@@ -246,15 +258,21 @@ at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
   m.def("rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task, "
         "str casting=\"none\", float offset=0.0, str store=\"auto\") -> Tensor");
+  // The same op with the path choices (Passes, grain_rows in cpu_norm_common.h).
+  m.def("rms_norm_cpu.paths(Tensor x, Tensor weight, float eps, int rows_per_task, "
+        "str casting=\"none\", float offset=0.0, str store=\"auto\", str passes=\"two\", "
+        "int task_bytes=0) -> Tensor");
   m.def("rms_norm_cpu_stats(Tensor x, Tensor weight, float eps, int rows_per_task, "
         "str casting=\"none\", float offset=0.0, str store=\"auto\") -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
   m.impl("rms_norm_cpu", &rms_norm_cpu);
+  m.impl("rms_norm_cpu.paths", &rms_norm_cpu_paths);
   m.impl("rms_norm_cpu_stats", &rms_norm_cpu_stats);
 }
 
 TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
   m.impl("rms_norm_cpu", &rms_norm_cpu_autograd);
+  m.impl("rms_norm_cpu.paths", &rms_norm_cpu_paths_autograd);
 }
