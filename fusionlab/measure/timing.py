@@ -336,8 +336,6 @@ def _loop(
 ) -> TimedLoop:
     """time_calls' loop; see there."""
     kernel_start, clock_start = _kernel_times(), _clock_ns()
-    thread_changes: list[int] = []
-    watch_threads = threads and rules.on("thread_count")
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
     inplace = snapshot is not None and keep_copy is not None
@@ -351,40 +349,61 @@ def _loop(
     plan = _Plan(count, calls_per_sample, min(settings.checked_calls, count))
     gaps = None if flush else Gaps()
     if gaps is not None:
-        gaps.harness_cpu_ns = _harness_gap_cost(
-            calls_per_sample if inplace else 1)
-    samples_ms: list[float] = []
+        gaps.harness_cpu_ns = _harness_gap_cost(calls_per_sample if inplace else 1)
     loop = TimedLoop(_timing([0.0], 1, sets, 0), [], threads=threads, gaps=gaps)
-    probing = (probe is not None and not inplace and flush is None and count > 1
-               and rules.on("refill_probe"))
-    probed_after = draw(count - 1) if probing else -2
-    position = 0
-    for number in range(count + 1):
-        if watch_threads and _torch_threads() != threads:  # after warm-up and every sample
-            thread_changes.append(number)
-        if number == count:
-            break
-        if flush is not None and time_one is not None:
-            samples_ms.append(_flushed_sample(call, position % sets, flush, time_one, plan,
-                                              snapshot, keep_copy, states, loop))
-        elif inplace:
-            samples_ms.append(_inplace_sample(call, sets, synchronize, position, plan,
-                                              snapshot, keep_copy, states, loop))  # type: ignore[arg-type]
-        else:
-            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop,
-                                      number == probed_after + 1))
-        position += calls_per_sample
-        if probe is not None and number == probed_after:
-            probe.alter(position % sets)  # untimed, after the fact: the next sample's set
-        elif probe is not None and number == probed_after + 1:
-            probe.restore()
+    if not (probe is not None and not inplace and flush is None and count > 1
+            and rules.on("refill_probe")):
+        probe = None
+    samples_ms = _samples(call, sets, synchronize, plan, snapshot, keep_copy, flush, time_one,
+                          states, loop, probe)
     loop.timing = _timing(samples_ms, calls_per_sample, sets, working_set_bytes)
     loop.clock_s = (_clock_ns() - clock_start) * 1e-9
     end = _kernel_times()
     loop.kernel_s = end.elapsed - kernel_start.elapsed
     loop.cpu_s = end.user + end.system - kernel_start.user - kernel_start.system
-    loop.thread_changes = thread_changes
     return loop
+
+
+def _samples(
+    call: Call,
+    sets: int,
+    synchronize: Callable[[], None],
+    plan: _Plan,
+    snapshot: Callable[[int], object] | None,
+    keep_copy: Callable[[object], object] | None,
+    flush: Callable[[], None] | None,
+    time_one: Callable[[Callable[[], object]], tuple[object, float]] | None,
+    states: list[object],
+    loop: TimedLoop,
+    probe: Alteration | None,
+) -> list[float]:
+    """The loop's samples, ms per call each: torch's thread count read after the warm-up and
+    after every sample (into `loop.thread_changes`), and with `probe`, after a sample drawn at
+    the start, the next sample's set changed untimed and restored after that sample."""
+    watch_threads = loop.threads and rules.on("thread_count")
+    probed_after = draw(plan.count - 1) if probe is not None else -2
+    samples_ms: list[float] = []
+    position = 0
+    for number in range(plan.count + 1):
+        if watch_threads and _torch_threads() != loop.threads:
+            loop.thread_changes.append(number)
+        if number == plan.count:
+            break
+        if flush is not None and time_one is not None:
+            samples_ms.append(_flushed_sample(call, position % sets, flush, time_one, plan,
+                                              snapshot, keep_copy, states, loop))
+        elif snapshot is not None and keep_copy is not None:
+            samples_ms.append(_inplace_sample(call, sets, synchronize, position, plan,
+                                              snapshot, keep_copy, states, loop))
+        else:
+            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop,
+                                      number == probed_after + 1))
+        position += plan.calls_per_sample
+        if probe is not None and number == probed_after:
+            probe.alter(position % sets)  # untimed, after the fact: the next sample's set
+        elif probe is not None and number == probed_after + 1:
+            probe.restore()
+    return samples_ms
 
 
 def _drawn(count: int, checked: int) -> bool:

@@ -40,6 +40,7 @@ from fusionlab.measure.profiling import (
 )
 from fusionlab.measure.screen import Screen
 from fusionlab.measure.timing import (
+    TimedLoop,
     TimingSettings,
     dispatcher_tampering,
     draw,
@@ -261,39 +262,62 @@ def timed_and_checked(
     loop.kept.clear()
     if not inplace:
         check_sets_unchanged(m, count, "during timing")
-    # The float64 reference of the values the probe made, once for every call made on them.
+    altered, probed = _probe_reference(m, probe, loop)
+    if m.memory_rules:
+        _check_kept_memory(m, kept, args)
+    _check_kept_values(m, kept, loop, probe, altered)
+    if altered is not None and probed is not None:  # last: what the rules above let through;
+        # a row-wise op's call is judged on the row the probe changed
+        _check_probe(m, probe, altered, probed[0],  # type: ignore[arg-type]
+                     "in its first call after it", rows=probed[1])
+    return loop.timing
+
+
+def _probe_reference(
+    m: Measured, probe: Probe | None, loop: TimedLoop
+) -> tuple[ChangedReference | None, tuple[object, bool] | None]:
+    """The float64 reference of the values the refill probe made (once for every call made on
+    them), and the probe's own call: copied, or its changed row alone where the op is row-wise
+    (then True), so the memory rules that count who holds the kept outputs see no extra one."""
     altered = (probe.reference(m.spec, m.sets.reference) if probe is not None
                and probe.index >= 0 and (loop.probed is not None or loop.altered_kept) else None)
-    # The probe's call, copied (its changed row alone where the op is row-wise): the memory
-    # rules below count who holds the kept outputs.
-    probed_rows = (altered.rows_of(m.spec.as_outputs(loop.probed))
-                   if altered is not None and loop.probed is not None else None)
-    probed = (_copy_outputs(loop.probed) if loop.probed is not None and probed_rows is None
-              else None)
+    probed = None
+    if altered is not None and loop.probed is not None:
+        rows = altered.rows_of(m.spec.as_outputs(loop.probed))
+        probed = (rows, True) if rows is not None else (_copy_outputs(loop.probed), False)
     loop.probed = None
-    if m.memory_rules:
-        for _, outputs in kept:
-            check_not_retained(outputs)
-        held: list[torch.Tensor] = []  # memory first: a reused buffer also makes values wrong
-        for index, outputs in kept:
-            held += check_memory(outputs, args[index], m.spec, {}, held)
-        del held
+    return altered, probed
+
+
+def _check_kept_memory(
+    m: Measured, kept: list[tuple[int, list[object]]], args: list[tuple[object, ...]]
+) -> None:
+    """The memory rules on the kept timed calls: no output still held by the variant, then
+    fresh memory (a reused buffer also makes values wrong, so memory is judged first)."""
+    for _, outputs in kept:
+        check_not_retained(outputs)
+    held: list[torch.Tensor] = []
+    for index, outputs in kept:
+        held += check_memory(outputs, args[index], m.spec, {}, held)
+    del held
+
+
+def _check_kept_values(
+    m: Measured, kept: list[tuple[int, list[object]]], loop: TimedLoop, probe: Probe | None,
+    altered: ChangedReference | None,
+) -> None:
+    """The values of every kept timed call: against its set's reference, the copy of its inputs
+    taken before the call for a variant that writes into them, or the probe's changed values."""
     for number, (index, outputs) in enumerate(kept):
-        # A variant that writes into its inputs: the reference of the copy taken before the call.
         where = f"in timed call {number + 1}"
         if number in loop.altered_kept:  # made on the probe's changed values
             _check_probe(m, probe, altered, outputs, where)  # type: ignore[arg-type]
             continue
-        if inplace:
+        if m.variant.inplace:
             references = m.spec.reference(loop.kept_inputs[number])  # type: ignore[arg-type]
         else:
             references = m.sets.reference(index)
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
-    if altered is not None and (probed_rows or probed) is not None:  # last: what the rules
-        # above let through; a row-wise op's call is judged on the row the probe changed
-        _check_probe(m, probe, altered, probed_rows or probed,  # type: ignore[arg-type]
-                     "in its first call after it", rows=probed_rows is not None)
-    return loop.timing
 
 
 def _check_probe(
