@@ -100,3 +100,23 @@ def test_a_plugin_that_sets_the_variable_switches_nothing_off(
         record = TrialRecord.from_dict(worker.run(task, 300))
     assert record.status is Status.INCORRECT, (record.status, record.message)
     assert "exceeds atol=" in record.message
+
+
+def test_a_plugin_that_rebinds_the_registry_or_replaces_the_switch_is_seen() -> None:
+    """In a fresh process (what the audit hook notes stays for good): a new `RULES` changes
+    nothing, a replaced default of `rules.on` is noted by the hook, a replaced `rules.on` by
+    the seal."""
+    done = _python(
+        "from fusionlab.measure import events, integrity, rules\n"
+        "events.install(); integrity.seal()\n"
+        "rules.RULES = {}\n"
+        "print(rules.on('error_bound'))\n"
+        "rules.on.__defaults__ = ({},)\n"
+        "print(events.tampered())\n"
+        "rules.on = lambda name: False\n"
+        "print(integrity.replaced())\n",
+        None,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "True", "object.__setattr__ (on.__defaults__)", "fusionlab.measure.rules.on"]
