@@ -58,7 +58,7 @@ def test_a_rule_is_switched_off_by_name_once_at_import() -> None:
     switched, warning = done.stdout.splitlines()
     assert switched == "False True True"  # entropy_bound is not switchable by name
     assert warning.startswith("warning: gate rules switched off by FUSIONLAB_DISABLE_RULES")
-    assert "error_bound;" in warning and "ignored: entropy_bound, nonsense" in warning
+    assert "error_bound;" in warning and "switched off: entropy_bound, nonsense)" in warning
 
 
 def test_a_rule_switched_off_lets_its_cheat_through_and_the_worker_warns_once() -> None:

@@ -126,11 +126,6 @@ def on(name: str, rules: Mapping[str, Rule] = RULES) -> bool:
     return rules[name].enabled
 
 
-def disabled() -> tuple[str, ...]:
-    """The names read from ENVIRONMENT at import, as given (unknown ones included)."""
-    return tuple(sorted(_DISABLED))
-
-
 def warning() -> str | None:
     """One line saying which rules are switched off, or None when all apply."""
     if not _DISABLED:
@@ -139,7 +134,9 @@ def warning() -> str | None:
     ignored = sorted(name for name in _DISABLED if name not in off)
     text = (f"warning: gate rules switched off by {ENVIRONMENT} (a test hook): "
             f"{', '.join(off) or 'none'}; figures measured so must not be shipped")
-    return text + (f" (not switchable by name, ignored: {', '.join(ignored)})" if ignored else "")
+    if ignored:
+        text += f" (ignored, no rule of that name can be switched off: {', '.join(ignored)})"
+    return text
 
 
 _WARNED: list[bool] = []
