@@ -6,6 +6,7 @@ rounds and audit, with the rule named; honest controls pass."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -173,6 +174,22 @@ def test_draws_read_the_entropy_bound_at_import(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(os, "urandom", lambda count: bytes(count))
     assert len({draw(1000) for _ in range(20)}) > 1
     assert integrity.replaced() == "os.urandom"
+
+
+def test_a_clock_replaced_before_the_seal_is_found_by_the_binding_at_import() -> None:
+    """A clock replaced before anything was sealed (a plugin imported in a process that seals
+    later) is sealed as replaced: only the clocks timing.py bound at import still name it."""
+    code = ("import time\n"
+            "from fusionlab.measure import integrity, timing\n"
+            "time.perf_counter = lambda: 0.0\n"
+            "integrity.seal()\n"
+            "print(integrity.replaced())\n"
+            "print(timing.clock_tampering())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "None", "time.perf_counter was replaced in the measuring process"]
 
 
 def test_draws_cover_the_range_evenly() -> None:

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fusionlab.measure import rules
+
 _FLAGGED = frozenset({
     "sys.setprofile", "sys.settrace", "sys._getframe", "sys._current_frames",
     "sys._current_exceptions", "gc.get_referrers", "gc.get_referents", "gc.get_objects",
@@ -77,9 +79,9 @@ def _hook(event: str, args: tuple[object, ...], state: _State = _State()) -> Non
     elif event in _FLAGGED or event.startswith(_PREFIXES):
         if event in _SETATTR and not _replaces_code(event, args):
             return
-        if state.watching:
+        if state.watching and rules.on("audit_events"):
             state.seen.append(_describe(event, args))
-        elif event in _SETATTR and _is_ours(args[0]):
+        elif event in _SETATTR and _is_ours(args[0]) and rules.on("code_swapped"):
             state.tampered.append(_describe(event, args))
 
 
@@ -103,6 +105,8 @@ def tampered() -> str | None:
     if _STATE.tampered:
         return _STATE.tampered[0]
     profile, trace = _STATE.tracers
+    if not rules.on("profile_function"):
+        return None
     if sys.getprofile() is not profile:
         return "a profile function is installed (sys.setprofile)"
     if sys.gettrace() is not trace:
@@ -140,6 +144,8 @@ def watching() -> Iterator[list[str]]:
         _STATE.watching = False
         noted += _STATE.seen
         _STATE.seen.clear()
-        noted += [f"a Python thread started ({thread.name})"
-                  for thread in set(threading.enumerate()) - threads]
-        noted += [f"a child process started (pid {pid})" for pid in _children() - children]
+        if rules.on("new_threads"):
+            noted += [f"a Python thread started ({thread.name})"
+                      for thread in set(threading.enumerate()) - threads]
+        if rules.on("new_children"):
+            noted += [f"a child process started (pid {pid})" for pid in _children() - children]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fusionlab.measure import rules
 from fusionlab.measure.timing import draw
 from fusionlab.op import Inputs, OpSpec, Shape
 
@@ -62,6 +63,8 @@ def _weighted_sum(bits: torch.Tensor) -> int:
     view `bits`: two secret odd weights per position, so a changed value, a +1/-1 ulp pair or
     a swap of two elements keeps it only by chance. Read in blocks through one reused product
     buffer (no copy of the input's size, weights of a few KiB)."""
+    if not rules.on("weighted_checksum"):
+        return int(bits.sum())
     rows, tail = divmod(bits.numel(), _PERIOD)
     column, row = _weights("column", _PERIOD), _weights("row", rows + 1)
     total = torch.zeros((), dtype=torch.int64)

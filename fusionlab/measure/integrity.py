@@ -29,6 +29,8 @@ import inspect
 import sys
 from types import ModuleType
 
+from fusionlab.measure import rules
+
 _ALWAYS = ("time", "os", "random", "torch", "torch.nn.functional")
 _PREFIX = "fusionlab"
 
@@ -93,6 +95,8 @@ def _dump_tables() -> dict[str, str]:
 def dispatcher_changed() -> str | None:
     """The first op of DISPATCHED_OPS whose kernel table is not as sealed, as `aten::name`, or
     None (sealed now when it was not yet)."""
+    if not rules.on("sealed_dispatcher"):
+        return None
     seal()
     for name, table in _dump_tables().items():
         if _TABLES.get(name) != table:

@@ -253,10 +253,33 @@ def account_events(
     return _summarise_calls(calls, device, use_device_events)
 
 
-def _summarise_calls(calls: list[_CallStats], device: Device, use_device_events: bool) -> Fusion:
-    def median(values: Iterable[float]) -> float:
-        return float(statistics.median(list(values)))
+def _median(values: Iterable[float]) -> float:
+    return float(statistics.median(list(values)))
 
+
+def _summarise_calls(calls: list[_CallStats], device: Device, use_device_events: bool) -> Fusion:
+    durations, counts = _op_totals(calls)
+    total = sum(durations.values())
+    top = max(durations, key=durations.__getitem__) if durations else ""
+    host_only = bool(device.event_device_types) and not use_device_events
+    return Fusion(
+        source=_source(device, use_device_events),
+        device_ops=_median(c.ops for c in calls),
+        **_device_time(calls, known=not host_only),
+        top_op=top,
+        top_op_share=durations[top] / total if total > 0 else 0.0,
+        host_us=_median(c.host for c in calls),
+        memory_bytes=_median(c.memory for c in calls),
+        nested_ops=_median(c.nested for c in calls),
+        op_counts=dict(sorted(counts.items(), key=lambda kv: -durations[kv[0]])),
+        note=(f"the profiler returned no {device.type} device events, so device time and idle "
+              "gaps are unknown; ops counted on the host") if host_only else "",
+        unit="host op" if host_only else "device op",
+    )
+
+
+def _op_totals(calls: list[_CallStats]) -> tuple[dict[str, float], dict[str, float]]:
+    """Each op's duration summed over the calls, and its count per call (a mean)."""
     durations: dict[str, float] = defaultdict(float)
     counts: dict[str, float] = defaultdict(float)
     for call in calls:
@@ -264,39 +287,25 @@ def _summarise_calls(calls: list[_CallStats], device: Device, use_device_events:
             durations[name] += value
         for name, value in call.counts.items():
             counts[name] += value / len(calls)
-    total = sum(durations.values())
-    top = max(durations, key=durations.__getitem__) if durations else ""
-    busy = median(c.busy for c in calls)
-    span = median(c.span for c in calls)
-    device_time_known = use_device_events or not device.event_device_types
-    note = ""
-    if device.event_device_types and not use_device_events:
-        note = (
-            f"the profiler returned no {device.type} device events, so device time and idle gaps "
-            "are unknown; ops counted on the host"
-        )
+    return durations, counts
+
+
+def _source(device: Device, use_device_events: bool) -> str:
+    """Where the device ops were counted."""
     if not device.event_device_types:
-        source = f"{device.type}: outermost operator records are the device ops"
-    else:
-        source = (
-            f"{device.type}: device events" if use_device_events else f"{device.type}: host ops"
-        )
-    return Fusion(
-        source=source,
-        device_ops=median(c.ops for c in calls),
-        device_time_us=busy if device_time_known else None,
-        span_us=span if device_time_known else None,
-        idle_us=span - busy if device_time_known else None,
-        idle_share=(span - busy) / span if device_time_known and span > 0 else None,
-        top_op=top,
-        top_op_share=durations[top] / total if total > 0 else 0.0,
-        host_us=median(c.host for c in calls),
-        memory_bytes=median(c.memory for c in calls),
-        nested_ops=median(c.nested for c in calls),
-        op_counts=dict(sorted(counts.items(), key=lambda kv: -durations[kv[0]])),
-        note=note,
-        unit="host op" if device.event_device_types and not use_device_events else "device op",
-    )
+        return f"{device.type}: outermost operator records are the device ops"
+    return f"{device.type}: device events" if use_device_events else f"{device.type}: host ops"
+
+
+def _device_time(calls: list[_CallStats], known: bool) -> dict[str, float | None]:
+    """Device busy time, span, idle time and idle share per call (medians); None when the
+    profiler returned no device events for a device that has them."""
+    if not known:
+        return {"device_time_us": None, "span_us": None, "idle_us": None, "idle_share": None}
+    busy = _median(c.busy for c in calls)
+    span = _median(c.span for c in calls)
+    return {"device_time_us": busy, "span_us": span, "idle_us": span - busy,
+            "idle_share": (span - busy) / span if span > 0 else None}
 
 
 def key_averages_table(prof: profile, device: Device, row_limit: int = 12) -> str:

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from torch import get_num_threads as _torch_threads
 
-from fusionlab.measure import events
+from fusionlab.measure import events, rules
 from fusionlab.measure.integrity import dispatcher_changed as _dispatcher_changed
 from fusionlab.measure.integrity import replaced as _replaced
 from fusionlab.measure.stats import coefficient_of_variation, summarise
@@ -77,14 +77,15 @@ def clock_tampering() -> str | None:
     """Which clock, entropy source or other part of the measuring path something in this process
     replaced since this module was imported, or None: a variant that replaces one tried to
     change its own timing or learn which calls are checked (it never can, here)."""
-    for name, original in _ORIGINAL.items():
-        if getattr(time, name) is not original:
-            return f"time.{name} was replaced in the measuring process"
-    here = vars(sys.modules[__name__])
-    for name, original in _BOUND.items():
-        if here.get(name) is not original:
-            return f"the measuring clock or entropy source {__name__}.{name} was replaced"
-    name = _replaced()
+    if rules.on("replaced_clocks"):
+        for name, original in _ORIGINAL.items():
+            if getattr(time, name) is not original:
+                return f"time.{name} was replaced in the measuring process"
+        here = vars(sys.modules[__name__])
+        for name, original in _BOUND.items():
+            if here.get(name) is not original:
+                return f"the measuring clock or entropy source {__name__}.{name} was replaced"
+    name = _replaced() if rules.on("nothing_replaced") else None
     if name is not None:
         return f"{name} was replaced in the measuring process"
     return None
@@ -182,7 +183,7 @@ class TimedLoop:
             return (f"torch's thread count was not the cell's {self.threads} after sample(s) "
                     f"{self.thread_changes[:5]}: the variant changed it")
         allowed = (self.threads + THREAD_SLACK) * self.clock_s + CLOCK_TOLERANCE_S
-        if self.cpu_s <= allowed:
+        if self.cpu_s <= allowed or not rules.on("cpu_time"):
             return None
         return (f"the timing loop used {self.cpu_s:.3g} s of CPU time in {self.clock_s:.3g} s, "
                 f"{self.cpu_s / self.clock_s:.2g} cores busy for a cell of {self.threads} "
@@ -252,7 +253,7 @@ class Gaps:
         harness_s = count * self.harness_cpu_ns * 1e-9
         allowed = GAP_FACTOR * harness_s + GAP_SHARE * self.window_cpu_ns * 1e-9 + GAP_SLACK_S
         spent = (self.gap_cpu_ns - self.copies_cpu_ns) * 1e-9
-        if spent <= allowed:
+        if spent <= allowed or not rules.on("untimed_gaps"):
             return None
         return (f"untimed gaps: {spent:.3g} s of CPU time ran in the {count} gaps between "
                 f"timed calls, where the harness's own work there measured {harness_s:.3g} s "
@@ -335,7 +336,6 @@ def _loop(
 ) -> TimedLoop:
     """time_calls' loop; see there."""
     kernel_start, clock_start = _kernel_times(), _clock_ns()
-    thread_changes: list[int] = []
     estimate = _warm_up(call, sets, synchronize, settings.warmup_s)
     calls_per_sample = 1 if flush else max(1, math.ceil(settings.min_sample_s / estimate))
     inplace = snapshot is not None and keep_copy is not None
@@ -349,39 +349,61 @@ def _loop(
     plan = _Plan(count, calls_per_sample, min(settings.checked_calls, count))
     gaps = None if flush else Gaps()
     if gaps is not None:
-        gaps.harness_cpu_ns = _harness_gap_cost(
-            calls_per_sample if inplace else 1)
-    samples_ms: list[float] = []
+        gaps.harness_cpu_ns = _harness_gap_cost(calls_per_sample if inplace else 1)
     loop = TimedLoop(_timing([0.0], 1, sets, 0), [], threads=threads, gaps=gaps)
-    probing = probe is not None and not inplace and flush is None and count > 1
-    probed_after = draw(count - 1) if probing else -2
-    position = 0
-    for number in range(count + 1):
-        if threads and _torch_threads() != threads:  # after warm-up and after every sample
-            thread_changes.append(number)
-        if number == count:
-            break
-        if flush is not None and time_one is not None:
-            samples_ms.append(_flushed_sample(call, position % sets, flush, time_one, plan,
-                                              snapshot, keep_copy, states, loop))
-        elif inplace:
-            samples_ms.append(_inplace_sample(call, sets, synchronize, position, plan,
-                                              snapshot, keep_copy, states, loop))  # type: ignore[arg-type]
-        else:
-            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop,
-                                      number == probed_after + 1))
-        position += calls_per_sample
-        if probe is not None and number == probed_after:
-            probe.alter(position % sets)  # untimed, after the fact: the next sample's set
-        elif probe is not None and number == probed_after + 1:
-            probe.restore()
+    if not (probe is not None and not inplace and flush is None and count > 1
+            and rules.on("refill_probe")):
+        probe = None
+    samples_ms = _samples(call, sets, synchronize, plan, snapshot, keep_copy, flush, time_one,
+                          states, loop, probe)
     loop.timing = _timing(samples_ms, calls_per_sample, sets, working_set_bytes)
     loop.clock_s = (_clock_ns() - clock_start) * 1e-9
     end = _kernel_times()
     loop.kernel_s = end.elapsed - kernel_start.elapsed
     loop.cpu_s = end.user + end.system - kernel_start.user - kernel_start.system
-    loop.thread_changes = thread_changes
     return loop
+
+
+def _samples(
+    call: Call,
+    sets: int,
+    synchronize: Callable[[], None],
+    plan: _Plan,
+    snapshot: Callable[[int], object] | None,
+    keep_copy: Callable[[object], object] | None,
+    flush: Callable[[], None] | None,
+    time_one: Callable[[Callable[[], object]], tuple[object, float]] | None,
+    states: list[object],
+    loop: TimedLoop,
+    probe: Alteration | None,
+) -> list[float]:
+    """The loop's samples, ms per call each: torch's thread count read after the warm-up and
+    after every sample (into `loop.thread_changes`), and with `probe`, after a sample drawn at
+    the start, the next sample's set changed untimed and restored after that sample."""
+    watch_threads = loop.threads and rules.on("thread_count")
+    probed_after = draw(plan.count - 1) if probe is not None else -2
+    samples_ms: list[float] = []
+    position = 0
+    for number in range(plan.count + 1):
+        if watch_threads and _torch_threads() != loop.threads:
+            loop.thread_changes.append(number)
+        if number == plan.count:
+            break
+        if flush is not None and time_one is not None:
+            samples_ms.append(_flushed_sample(call, position % sets, flush, time_one, plan,
+                                              snapshot, keep_copy, states, loop))
+        elif snapshot is not None and keep_copy is not None:
+            samples_ms.append(_inplace_sample(call, sets, synchronize, position, plan,
+                                              snapshot, keep_copy, states, loop))
+        else:
+            samples_ms.append(_sample(call, sets, synchronize, position, plan, loop,
+                                      number == probed_after + 1))
+        position += plan.calls_per_sample
+        if probe is not None and number == probed_after:
+            probe.alter(position % sets)  # untimed, after the fact: the next sample's set
+        elif probe is not None and number == probed_after + 1:
+            probe.restore()
+    return samples_ms
 
 
 def _drawn(count: int, checked: int) -> bool:
@@ -446,7 +468,7 @@ def _inplace_sample(
         del out
     checked, at = _drawn(plan.count, plan.checked), draw(plan.calls_per_sample)
     if checked:
-        index, before, outputs = made[at]
+        index, before, outputs = made[at if rules.on("samples_alike") else 0]
         loop.kept.append((index, outputs))
         loop.kept_inputs.append(before)
     releasing = _thread_cpu_ns()

@@ -15,7 +15,7 @@ import torch
 from fusionlab.cell import Cell
 from fusionlab.devices import Device, get_device
 from fusionlab.kernels import cpp_build
-from fusionlab.measure import disturbance, quiet_limits
+from fusionlab.measure import disturbance, quiet_limits, rules
 from fusionlab.measure.correctness import (
     GateFailure,
     check_memory,
@@ -40,6 +40,7 @@ from fusionlab.measure.profiling import (
 )
 from fusionlab.measure.screen import Screen
 from fusionlab.measure.timing import (
+    TimedLoop,
     TimingSettings,
     dispatcher_tampering,
     draw,
@@ -261,39 +262,62 @@ def timed_and_checked(
     loop.kept.clear()
     if not inplace:
         check_sets_unchanged(m, count, "during timing")
-    # The float64 reference of the values the probe made, once for every call made on them.
+    altered, probed = _probe_reference(m, probe, loop)
+    if m.memory_rules:
+        _check_kept_memory(m, kept, args)
+    _check_kept_values(m, kept, loop, probe, altered)
+    if altered is not None and probed is not None:  # last: what the rules above let through;
+        # a row-wise op's call is judged on the row the probe changed
+        _check_probe(m, probe, altered, probed[0],  # type: ignore[arg-type]
+                     "in its first call after it", rows=probed[1])
+    return loop.timing
+
+
+def _probe_reference(
+    m: Measured, probe: Probe | None, loop: TimedLoop
+) -> tuple[ChangedReference | None, tuple[object, bool] | None]:
+    """The float64 reference of the values the refill probe made (once for every call made on
+    them), and the probe's own call: copied, or its changed row alone where the op is row-wise
+    (then True), so the memory rules that count who holds the kept outputs see no extra one."""
     altered = (probe.reference(m.spec, m.sets.reference) if probe is not None
                and probe.index >= 0 and (loop.probed is not None or loop.altered_kept) else None)
-    # The probe's call, copied (its changed row alone where the op is row-wise): the memory
-    # rules below count who holds the kept outputs.
-    probed_rows = (altered.rows_of(m.spec.as_outputs(loop.probed))
-                   if altered is not None and loop.probed is not None else None)
-    probed = (_copy_outputs(loop.probed) if loop.probed is not None and probed_rows is None
-              else None)
+    probed = None
+    if altered is not None and loop.probed is not None:
+        rows = altered.rows_of(m.spec.as_outputs(loop.probed))
+        probed = (rows, True) if rows is not None else (_copy_outputs(loop.probed), False)
     loop.probed = None
-    if m.memory_rules:
-        for _, outputs in kept:
-            check_not_retained(outputs)
-        held: list[torch.Tensor] = []  # memory first: a reused buffer also makes values wrong
-        for index, outputs in kept:
-            held += check_memory(outputs, args[index], m.spec, {}, held)
-        del held
+    return altered, probed
+
+
+def _check_kept_memory(
+    m: Measured, kept: list[tuple[int, list[object]]], args: list[tuple[object, ...]]
+) -> None:
+    """The memory rules on the kept timed calls: no output still held by the variant, then
+    fresh memory (a reused buffer also makes values wrong, so memory is judged first)."""
+    for _, outputs in kept:
+        check_not_retained(outputs)
+    held: list[torch.Tensor] = []
+    for index, outputs in kept:
+        held += check_memory(outputs, args[index], m.spec, {}, held)
+    del held
+
+
+def _check_kept_values(
+    m: Measured, kept: list[tuple[int, list[object]]], loop: TimedLoop, probe: Probe | None,
+    altered: ChangedReference | None,
+) -> None:
+    """The values of every kept timed call: against its set's reference, the copy of its inputs
+    taken before the call for a variant that writes into them, or the probe's changed values."""
     for number, (index, outputs) in enumerate(kept):
-        # A variant that writes into its inputs: the reference of the copy taken before the call.
         where = f"in timed call {number + 1}"
         if number in loop.altered_kept:  # made on the probe's changed values
             _check_probe(m, probe, altered, outputs, where)  # type: ignore[arg-type]
             continue
-        if inplace:
+        if m.variant.inplace:
             references = m.spec.reference(loop.kept_inputs[number])  # type: ignore[arg-type]
         else:
             references = m.sets.reference(index)
         check_values(outputs, references, m.spec, m.like, m.tolerance, where)
-    if altered is not None and (probed_rows or probed) is not None:  # last: what the rules
-        # above let through; a row-wise op's call is judged on the row the probe changed
-        _check_probe(m, probe, altered, probed_rows or probed,  # type: ignore[arg-type]
-                     "in its first call after it", rows=probed_rows is not None)
-    return loop.timing
 
 
 def _check_probe(
@@ -322,6 +346,8 @@ def _check_probe(
 def check_sets_unchanged(m: Measured, count: int, when: str) -> None:
     """Every input set's values as generated (checksums): a variant that does not declare
     in-place outputs writes no input, and references are computed from untouched values."""
+    if not rules.on("sets_checksummed"):
+        return
     modified = m.sets.modified(count)
     if modified:
         raise GateFailure(
@@ -343,6 +369,8 @@ def check_follows_new_values(m: Measured) -> None:
     the new answer: all values at once, then one element far from the start (a kernel that
     hashes part of its input to reuse results misses it). A wrong answer that is the answer to
     the values before the change is `stale_result`; any other wrong answer is `incorrect`."""
+    if not rules.on("refill"):
+        return
     target = m.sets.sets[0]
     saved = _copy_outputs(target)
     # New values from a seed no variant can know, at a place no variant can know.
@@ -353,7 +381,7 @@ def check_follows_new_values(m: Measured) -> None:
         _check_new_answer(m, target, saved, "after all its input values changed in place")
         first = tensors_in(target)[0]
         flat = first.data.view(-1) if first.is_contiguous() else None
-        if flat is not None and flat.numel() > 1:
+        if flat is not None and flat.numel() > 1 and rules.on("refill_far_value"):
             # An in-place variant has written its outputs into the inputs since `fresh`.
             before = _copy_outputs(target) if m.variant.inplace else fresh
             index = flat.numel() - 1 - draw(max(flat.numel() // 2, 1))
@@ -374,7 +402,7 @@ def _check_new_answer(
     try:
         check_values(outputs, references, m.spec, m.like, m.tolerance)
     except GateFailure as failure:
-        if _answers(m, outputs, before):
+        if not rules.on("stale_only_old_answer") or _answers(m, outputs, before):
             message = f"{when} (same tensor, same address), it gave the answer to the old values"
             raise GateFailure(Status.STALE_RESULT, f"{message}: {failure}") from None
         raise GateFailure(Status.INCORRECT, f"{when}: {failure}") from None
@@ -499,13 +527,13 @@ def check_bandwidth(
         limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold")
         achieved = bytes_moved / (latency_ms * 1e-3) / 1e9 if latency_ms else 0.0
         reason = suspicious_reason(achieved, limit)
-        for _ in range(_REMEASURES if reason else 0):
+        for _ in range(_REMEASURES if reason and rules.on("copy_remeasured") else 0):
             # A busy moment may have slowed the copy: measure it again before any verdict.
             limit = copy_limit(m.device, dtype, x_bytes, cold=mode == "cold", again=True)
             reason = suspicious_reason(achieved, limit)
             if reason is None:
                 break
-        if reason and disturbance.BUSY_NOTE in limit.note:
+        if reason and disturbance.BUSY_NOTE in limit.note and rules.on("busy_copy_limit"):
             # disturbance: a copy limit measured on a busy machine is no yardstick
             quiet = quiet_limits.last_quiet(m.device, dtype, x_bytes, cold=mode == "cold")
             if quiet is None:
@@ -521,7 +549,7 @@ def check_bandwidth(
                 reason += (" (judged against the last quiet copy limit of this machine: the one "
                            "measured now stayed busy)")
         limits[mode] = limit
-        if reason:
+        if reason and rules.on("copy_bandwidth"):
             raise GateFailure(Status.SUSPICIOUS, f"{mode}: {reason}")
     return limits
 
@@ -549,7 +577,7 @@ def _profile(task: TrialTask, record: TrialRecord, m: Measured) -> None:
 def check_device_work(fusion: Fusion, prof: object, m: Measured) -> None:
     """The profiler must see the op's work: device ops, and on the CPU operators that take at
     least the op's input elements per call (not one token op beside work hidden from it)."""
-    if fusion.device_ops == 0:
+    if fusion.device_ops == 0 and rules.on("device_ops"):
         raise GateFailure(
             Status.SUSPICIOUS,
             f"0 device ops per call: the profiler saw no work on {m.device.type} "
@@ -561,7 +589,7 @@ def check_device_work(fusion: Fusion, prof: object, m: Measured) -> None:
         return
     needed = sum(t.numel() for t in tensors_in(m.sets.sets[0]))
     seen = operator_input_elements(prof)  # type: ignore[arg-type]
-    if seen < needed:
+    if seen < needed and rules.on("device_work"):
         raise GateFailure(
             Status.SUSPICIOUS,
             f"the operators the profiler saw took {seen:.0f} input elements per call, fewer than "

@@ -13,7 +13,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from fusionlab.measure import allocator
+from fusionlab.measure import allocator, rules
 from fusionlab.records import Status
 
 _READY_TIMEOUT_S = 300.0
@@ -89,7 +89,8 @@ class TrialWorker:
     ) -> None:
         """`threads`: the CPU intra-op threads every task runs with (0: torch's default);
         `allocator`: the host allocator setting it starts with (measure/allocator.py; "": the
-        environment's own)."""
+        environment's own). Gate rules switched off (measure/rules.py) are named on stderr."""
+        rules.warn_if_disabled()
         self._plugins = list(plugins or [])
         self._modules = list(modules or [])
         self._threads = threads
@@ -115,7 +116,9 @@ class TrialWorker:
         main = threading.current_thread() is threading.main_thread()
         handler = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
-            with allocator.applied(self._allocator):  # read by the new process at its start
+            # Read by the new process at its start; the rules switched off are those this
+            # process read at import, whatever a plugin loaded here has set since.
+            with allocator.applied(self._allocator), rules.inherited():
                 process.start()
         finally:
             if handler is not None:
