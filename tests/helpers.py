@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from fusionlab.kernels import cpp_build
 from fusionlab.measure.timing import TimingSettings
 
 QUICK_TIMING = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
@@ -21,6 +25,28 @@ TRIAL_TIMING = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_s
 def sqlite_url(path: Path | str) -> str:
     """The storage URL of a SQLite file at `path`."""
     return f"sqlite:///{path}"
+
+
+def run_in_scalar_build(ops: tuple[str, ...], code: str, timeout_s: float) -> None:
+    """Build the C++ extensions of `ops` with no vector flags, one process each and all at
+    once, then run `code` (from the repository root) in that build: it must print `ok`."""
+    tests = str(Path(__file__).parent)  # `code` imports test modules, which import helpers
+    path = os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH", "")]))
+    env = {**os.environ, cpp_build.ISA_ENV: "scalar", "PYTHONPATH": path}
+    builders = [
+        subprocess.Popen(
+            [sys.executable, "-c",
+             f"from fusionlab.kernels.{name} import cpu_cpp; cpu_cpp.load_extension()"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for name in ops
+    ]
+    for builder in builders:
+        _, err = builder.communicate(timeout=900)
+        assert builder.returncode == 0, err[-2000:]
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout_s, cwd=Path(__file__).parents[1])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 ParamError = Callable[..., str | None]

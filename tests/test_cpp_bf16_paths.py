@@ -5,12 +5,10 @@ two-pass ones in every casting mode; bad choices refused; the same paths in a bu
 ISA."""
 
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import run_in_scalar_build
 
 from fusionlab.kernels import cpp_build, cpu_store
 from fusionlab.kernels.add_rmsnorm import cpu_cpp as add_rms
@@ -149,7 +147,6 @@ def test_inplace_sweep_offers_the_paths():
 
 def test_scalar_build_paths_match_float64():
     """The same paths built with no vector flags (at::vec's portable loops, plain stores)."""
-    env = {**os.environ, cpp_build.ISA_ENV: "scalar"}
     code = (
         "import torch\n"
         "from fusionlab.kernels import cpp_build\n"
@@ -165,20 +162,7 @@ def test_scalar_build_paths_match_float64():
         "        t.test_one_pass_is_two_pass_bit_for_bit(width, casting, torch.bfloat16)\n"
         "print('ok')\n"
     )
-    builders = [
-        subprocess.Popen(
-            [sys.executable, "-c",
-             f"from fusionlab.kernels.{name} import cpu_cpp; cpu_cpp.load_extension()"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for name in ("rmsnorm", "add_rmsnorm")
-    ]
-    for builder in builders:
-        _, err = builder.communicate(timeout=900)
-        assert builder.returncode == 0, err[-2000:]
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    run_in_scalar_build(("rmsnorm", "add_rmsnorm"), code, timeout_s=600)
 
 
 @pytest.mark.parametrize("passes", cpu_store.PASSES_CHOICES)

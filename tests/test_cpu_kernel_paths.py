@@ -2,12 +2,10 @@
 statistics (welford, shifted) and row groups at awkward shapes, and the same kernels built with no
 vector ISA (FUSIONLAB_CPP_ISA=scalar)."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import run_in_scalar_build
 
 from fusionlab.kernels import cpp_build, cpu_store
 from fusionlab.kernels.add_layernorm import cpu_cpp as add_layer
@@ -141,7 +139,6 @@ def test_isa_choice_is_checked(monkeypatch):
 def test_scalar_build_matches_float64():
     """The kernels built with no vector flags (at::vec's portable loops, no streaming) give the
     same results; each op's extension is built in a process of its own, all at once."""
-    env = {**os.environ, cpp_build.ISA_ENV: "scalar"}
     code = (
         "import torch\n"
         "from fusionlab.kernels import cpp_build\n"
@@ -155,18 +152,5 @@ def test_scalar_build_matches_float64():
         "        t.test_add_layernorm_store_kinds_match_float64(shape, dtype, 'auto')\n"
         "print('ok')\n"
     )
-    # Build the four extensions in parallel first (one process each), then check them all.
-    builders = [
-        subprocess.Popen(
-            [sys.executable, "-c",
-             f"from fusionlab.kernels.{name} import cpu_cpp; cpu_cpp.load_extension()"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for name in ("rmsnorm", "layernorm", "add_rmsnorm", "add_layernorm")
-    ]
-    for builder in builders:
-        _, err = builder.communicate(timeout=900)
-        assert builder.returncode == 0, err[-2000:]
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)))
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    run_in_scalar_build(("rmsnorm", "layernorm", "add_rmsnorm", "add_layernorm"), code,
+                        timeout_s=300)
