@@ -7,7 +7,7 @@ import ast
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -163,27 +163,16 @@ class StoredPlan(Versioned):
 
     @classmethod
     def of(cls, plan: SweepPlan) -> StoredPlan:
-        return cls(
-            op=plan.op,
-            device=plan.device.type,
-            shapes=[format_shape(shape) for shape in plan.shapes],
-            dtypes=list(plan.dtypes),
-            variants=plan.variants,
-            plugins=[str(Path(path).resolve()) for path in plan.plugins],
-            threads=plan.threads,
-            allocator=plan.allocator,
-            pass_name=plan.pass_name,
-            trials=plan.trials,
-            exhaustive_limit=plan.exhaustive_limit,
-            timeout_s=plan.timeout_s,
-            seed=plan.seed,
-            rank_by=plan.rank_by,
-            calls=plan.calls,
-            timing=plan.timing,
-            profiler=plan.profiler,
-            confirm=plan.confirm,
-            screen=plan.screen,
-        )
+        """The plan as stored: the device by its type, shapes as text, plugins by absolute path;
+        every other field as the plan holds it (the same names)."""
+        stored = {
+            "device": plan.device.type,
+            "shapes": [format_shape(shape) for shape in plan.shapes],
+            "dtypes": list(plan.dtypes),
+            "plugins": [str(Path(path).resolve()) for path in plan.plugins],
+        }
+        return cls(**{f.name: stored[f.name] if f.name in stored else getattr(plan, f.name)
+                      for f in fields(cls)})
 
     @classmethod
     def migrate(cls, data: dict[str, Any]) -> dict[str, Any]:
