@@ -11,7 +11,6 @@ sources as in kernels/rmsnorm/nki_kernel.py, plus nisa.tensor_tensor(dst, data1,
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +30,7 @@ NL_NAMES = ("ndarray", "sbuf", "shared_hbm", "float32", "program_id", "num_progr
 NISA_NAMES = ("dma_copy", "memset", "activation", "tensor_reduce", "tensor_tensor",
               "scalar_tensor_tensor", "reduce_cmd")
 
+Pair = tuple[torch.Tensor, torch.Tensor]
 nl: Any = None
 nisa: Any = None
 
@@ -101,18 +101,11 @@ def sbuf_bytes(hidden: int, chunk: int, x_bytes: int, w_bytes: int, resident: bo
 
 TILING = Tiling(sbuf_bytes, streamed_reads=1, resident_only=True)
 make_plan = TILING.make_plan
-KERNEL = NkiKernel(_add_rmsnorm_kernel, globals(), TILING, NL_NAMES, NISA_NAMES)
-param_error = KERNEL.param_error
-unavailable_reason = KERNEL.unavailable_reason
-simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
-Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-@functools.cache
-def _torch_op(lnc: int) -> Callable[..., Pair]:
+def _register_op(kernel: Callable[..., Any], lnc: int) -> Callable[..., Pair]:
+    """`kernel`, launched at LNC degree `lnc`, as this module's torch op on `neuron`."""
     from torch_neuronx import nki_op
-
-    kernel = KERNEL.launched(lnc)
 
     @nki_op(f"fusionlab::add_rms_norm_nki_lnc{lnc}", mutates_args={})
     def add_rms_norm_nki_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -122,11 +115,18 @@ def _torch_op(lnc: int) -> Callable[..., Pair]:
     return add_rms_norm_nki_op
 
 
+KERNEL = NkiKernel(_add_rmsnorm_kernel, globals(), TILING, _register_op, NL_NAMES,
+                   NISA_NAMES)
+param_error = KERNEL.param_error
+unavailable_reason = KERNEL.unavailable_reason
+simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
+
+
 def add_rms_norm_nki(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                      *, free_chunk: int, lnc_split: str) -> Pair:
     """(rmsnorm(x + residual), x + residual) on the neuron device, eager, at the runtime's LNC
     (NkiKernel.on_device: non-contiguous rows are copied first, as part of the kernel's cost)."""
-    out, res_out = KERNEL.on_device(_torch_op, [x, residual], {"weight": weight}, eps,
+    out, res_out = KERNEL.on_device([x, residual], {"weight": weight}, eps,
                                     free_chunk=free_chunk, lnc_split=lnc_split)
     return out, res_out
 

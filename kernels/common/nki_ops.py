@@ -28,8 +28,11 @@ class NkiKernel:
     lnc_split), then `resident` unless the tiling is resident_only."""
 
     def __init__(self, body: Callable[..., Any], module_globals: dict[str, Any], tiling: Tiling,
+                 register_op: Callable[[Callable[..., Any], int], Callable[..., Any]],
                  nl_names: Sequence[str], nisa_names: Sequence[str]) -> None:
         self.body, self.module_globals, self.tiling = body, module_globals, tiling
+        self.register_op = register_op  # (launched kernel, lnc) -> the module's typed torch op
+        self._torch_ops: dict[int, Callable[..., Any]] = {}
         self.nl_names, self.nisa_names = tuple(nl_names), tuple(nisa_names)
 
     def param_error(self, shape: tuple[int, ...], **params: Any) -> str | None:
@@ -52,15 +55,21 @@ class NkiKernel:
         """The jitted kernel at LNC degree `lnc`."""
         return nki_common.launch(self._jit, lnc)
 
+    def torch_op(self, lnc: int) -> Callable[..., Any]:
+        """The kernel at LNC degree `lnc` as the module's torch op, registered on first use."""
+        if lnc not in self._torch_ops:
+            self._torch_ops[lnc] = self.register_op(self.launched(lnc), lnc)
+        return self._torch_ops[lnc]
+
     def _constants(self, eps: float, plan: Plan, tunables: dict[str, Any]) -> list[Any]:
         resident = [] if self.tiling.resident_only else [plan.resident]
         return [float(eps), tunables["free_chunk"], tunables["lnc_split"], *resident]
 
-    def on_device(self, torch_op: Callable[[int], Callable[..., Any]], rows: Sequence[Any],
-                  vectors: dict[str, Any], eps: float, **tunables: Any) -> list[Any]:
-        """Run `torch_op(lnc)` (the module's typed op) on neuron tensors, eager, at the
-        runtime's LNC degree: the outputs shaped like rows[0]. Rows that are not contiguous are
-        copied by `.contiguous()` first, as part of the kernel's cost."""
+    def on_device(self, rows: Sequence[Any], vectors: dict[str, Any], eps: float,
+                  **tunables: Any) -> list[Any]:
+        """Run the module's torch op on neuron tensors, eager, at the runtime's LNC degree: the
+        outputs shaped like rows[0]. Rows that are not contiguous are copied by `.contiguous()`
+        first, as part of the kernel's cost."""
         x = rows[0]
         for residual in rows[1:]:
             if residual.shape != x.shape or residual.dtype != x.dtype:
@@ -76,9 +85,9 @@ class NkiKernel:
         if reason is not None:
             raise RuntimeError(reason)
         nki_common.check_devices(*rows, *vectors.values())
-        outs = torch_op(lnc)(*(t.reshape(plan.rows, plan.hidden).contiguous() for t in rows),
-                             *(v.reshape(1, -1).contiguous() for v in vectors.values()),
-                             *self._constants(eps, plan, tunables))
+        outs = self.torch_op(lnc)(*(t.reshape(plan.rows, plan.hidden).contiguous() for t in rows),
+                                  *(v.reshape(1, -1).contiguous() for v in vectors.values()),
+                                  *self._constants(eps, plan, tunables))
         return [o.reshape(x.shape) for o in (outs if isinstance(outs, tuple) else (outs,))]
 
     def simulate(self, rows: Sequence[np.ndarray], vectors: Sequence[np.ndarray], eps: float, *,

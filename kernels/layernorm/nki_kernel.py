@@ -11,7 +11,6 @@ float32. Variance is two-pass on the resident tile, sum((x - mean)^2) via an act
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -112,17 +111,11 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
     return out
 
 
-KERNEL = NkiKernel(_layernorm_kernel, globals(), nki_tiling.TILING, NL_NAMES, NISA_NAMES)
-param_error = KERNEL.param_error
-unavailable_reason = KERNEL.unavailable_reason
-simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
 
 
-@functools.cache
-def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
+def _register_op(kernel: Callable[..., Any], lnc: int) -> Callable[..., torch.Tensor]:
+    """`kernel`, launched at LNC degree `lnc`, as this module's torch op on `neuron`."""
     from torch_neuronx import nki_op
-
-    kernel = KERNEL.launched(lnc)
 
     @nki_op(f"fusionlab::layer_norm_nki_lnc{lnc}", mutates_args={})
     def layer_norm_nki_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -132,11 +125,18 @@ def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
     return layer_norm_nki_op
 
 
+KERNEL = NkiKernel(_layernorm_kernel, globals(), nki_tiling.TILING, _register_op, NL_NAMES,
+                   NISA_NAMES)
+param_error = KERNEL.param_error
+unavailable_reason = KERNEL.unavailable_reason
+simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
+
+
 def layer_norm_nki(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, *,
                    free_chunk: int, lnc_split: str) -> torch.Tensor:
     """LayerNorm over the last dim of `x` on the neuron device, eager, at the runtime's LNC degree
     (NkiKernel.on_device: non-contiguous rows are copied first, as part of the kernel's cost)."""
-    (y,) = KERNEL.on_device(_torch_op, [x], {"weight": weight, "bias": bias}, eps,
+    (y,) = KERNEL.on_device([x], {"weight": weight, "bias": bias}, eps,
                             free_chunk=free_chunk, lnc_split=lnc_split)
     return y
 

@@ -18,7 +18,6 @@ Loops are plain `range`: NKI 0.7.0 traces kernels as Python and nl.affine_range 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -103,17 +102,11 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
     return out
 
 
-KERNEL = NkiKernel(_rmsnorm_kernel, globals(), nki_tiling.TILING, NL_NAMES, NISA_NAMES)
-param_error = KERNEL.param_error
-unavailable_reason = KERNEL.unavailable_reason
-simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
 
 
-@functools.cache
-def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
+def _register_op(kernel: Callable[..., Any], lnc: int) -> Callable[..., torch.Tensor]:
+    """`kernel`, launched at LNC degree `lnc`, as this module's torch op on `neuron`."""
     from torch_neuronx import nki_op
-
-    kernel = KERNEL.launched(lnc)
 
     @nki_op(f"fusionlab::rms_norm_nki_lnc{lnc}", mutates_args={})
     def rms_norm_nki_op(x: torch.Tensor, weight: torch.Tensor, eps: float, free_chunk: int,
@@ -123,11 +116,18 @@ def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
     return rms_norm_nki_op
 
 
+KERNEL = NkiKernel(_rmsnorm_kernel, globals(), nki_tiling.TILING, _register_op, NL_NAMES,
+                   NISA_NAMES)
+param_error = KERNEL.param_error
+unavailable_reason = KERNEL.unavailable_reason
+simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
+
+
 def rms_norm_nki(x: torch.Tensor, weight: torch.Tensor, eps: float, *, free_chunk: int,
                  lnc_split: str) -> torch.Tensor:
     """RMSNorm over the last dim of `x` on the neuron device, eager, at the runtime's LNC degree
     (NkiKernel.on_device: non-contiguous rows are copied first, as part of the kernel's cost)."""
-    (y,) = KERNEL.on_device(_torch_op, [x], {"weight": weight}, eps, free_chunk=free_chunk,
+    (y,) = KERNEL.on_device([x], {"weight": weight}, eps, free_chunk=free_chunk,
                             lnc_split=lnc_split)
     return y
 
