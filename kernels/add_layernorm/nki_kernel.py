@@ -23,6 +23,7 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.common.nki_plans import RowGrid, Tiling
+from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 
 __all__ = ["TUNABLES", "add_layer_norm_nki", "make_plan", "param_error", "replay_add_layer_norm",
@@ -48,14 +49,12 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
         return out, res_out
     parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
     assert parts <= nl.tile_size.pmax
-    w_sb = nl.ndarray((parts, hidden), dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_sb, src=w.broadcast(0, parts))
-    b_sb = nl.ndarray((parts, hidden), dtype=b.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b_sb, src=b.broadcast(0, parts))
+    w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
     eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_sb, value=eps)
 
-    for r0, r1, n in grid.tiles():
+    for rows in grid.tiles():
+        r0, r1, n = rows
         total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
 
         def row_sums(partial: Any, n: int = n) -> Any:
@@ -69,10 +68,8 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of the sum -> -mean.
         sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
-            x_c = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
-            r_c = nl.ndarray((parts, chunk), dtype=r.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
-            nisa.dma_copy(dst=x_c, src=x[r0:r1, c0:c1])
-            nisa.dma_copy(dst=r_c, src=r[r0:r1, c0:c1])
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1)
+            r_c = chunk_tile(nl, nisa, grid, r, rows, c0, c1)
             s_c = total_sb[0:n, c0:c1]
             nisa.tensor_tensor(dst=s_c, data1=x_c, data2=r_c, op=nl.add)
             nisa.tensor_tensor(dst=r_c, data1=x_c, data2=r_c, op=nl.add)  # rounded once
@@ -103,7 +100,7 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
             nisa.scalar_tensor_tensor(dst=centred[0:n, 0 : c1 - c0], data=total_sb[0:n, c0:c1],
                                       op0=nl.add, operand0=neg_mean[0:n, :], op1=nl.multiply,
                                       operand1=w_sb[0:n, c0:c1])
-            y_c = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
+            y_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
             nisa.scalar_tensor_tensor(dst=y_c, data=centred[0:n, 0 : c1 - c0], op0=nl.multiply,
                                       operand0=rstd[0:n, :], op1=nl.add,
                                       operand1=b_sb[0:n, c0:c1])

@@ -20,6 +20,7 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.common.nki_plans import RowGrid, Tiling
+from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 
 __all__ = ["TUNABLES", "add_rms_norm_nki", "make_plan", "param_error", "replay_add_rms_norm",
@@ -46,21 +47,19 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
         return out, res_out
     parts, chunk = grid.parts, grid.chunk
     assert parts <= nl.tile_size.pmax
-    w_sb = nl.ndarray((parts, hidden), dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_sb, src=w.broadcast(0, parts))
+    (w_sb,) = broadcast_rows(nl, nisa, parts, w)
     eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_sb, value=eps)
 
-    for r0, r1, n in grid.tiles():
+    for rows in grid.tiles():
+        r0, r1, n = rows
         total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
         partial = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of squares.
         for c, c0, c1 in grid.chunks():
-            x_c = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
-            r_c = nl.ndarray((parts, chunk), dtype=r.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
-            nisa.dma_copy(dst=x_c, src=x[r0:r1, c0:c1])
-            nisa.dma_copy(dst=r_c, src=r[r0:r1, c0:c1])
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1)
+            r_c = chunk_tile(nl, nisa, grid, r, rows, c0, c1)
             s_c = total_sb[0:n, c0:c1]
             nisa.tensor_tensor(dst=s_c, data1=x_c, data2=r_c, op=nl.add)
             nisa.tensor_tensor(dst=r_c, data1=x_c, data2=r_c, op=nl.add)  # rounded once
@@ -80,7 +79,7 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
 
         # Pass 2: out = (sum * rstd) * w from the resident fp32 sum.
         for _, c0, c1 in grid.chunks():
-            y_c = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
+            y_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
             nisa.scalar_tensor_tensor(dst=y_c, data=total_sb[0:n, c0:c1], op0=nl.multiply,
                                       operand0=rstd[0:n, :], op1=nl.multiply,
                                       operand1=w_sb[0:n, c0:c1])

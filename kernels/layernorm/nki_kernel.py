@@ -20,6 +20,7 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.common.nki_plans import RowGrid
+from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.layernorm import nki_tiling
 from fusionlab.kernels.layernorm.nki_tiling import Plan
 
@@ -43,26 +44,13 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
         return out
     parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
     assert parts <= nl.tile_size.pmax
-    w_sb = nl.ndarray((parts, hidden), dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_sb, src=w.broadcast(0, parts))
-    b_sb = nl.ndarray((parts, hidden), dtype=b.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b_sb, src=b.broadcast(0, parts))
+    w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
     eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_sb, value=eps)
 
-    for r0, r1, n in grid.tiles():
+    for rows in grid.tiles():
+        r0, r1, n = rows
         x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
-
-        def x_chunk(c0: int, c1: int, r0: int = r0, r1: int = r1, n: int = n,
-                    x_sb: Any = x_sb, load: bool = True) -> Any:
-            """The resident x chunk, or a fresh SBUF copy of it (a streamed re-read)."""
-            if resident:
-                tile = x_sb[0:n, c0:c1]
-            else:
-                tile = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
-            if load:
-                nisa.dma_copy(dst=tile, src=x[r0:r1, c0:c1])
-            return tile
 
         def row_sums(partial: Any, n: int = n) -> Any:
             if grid.n_chunks == 1:
@@ -75,7 +63,7 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
         # Pass 1: sum(x) per row -> -mean.
         sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
-            x_c = x_chunk(c0, c1)
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
             scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.copy, data=x_c, reduce_op=nl.add,
                             reduce_res=sums[0:n, c : c + 1],
@@ -87,7 +75,7 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
         # Pass 2: sum((x - mean)^2) per row -> rstd.
         squares = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
-            x_c = x_chunk(c0, c1, load=not resident)
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
             scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.square, data=x_c,
                             bias=neg_mean[0:n, :], reduce_op=nl.add,
@@ -99,7 +87,7 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
 
         # Pass 3: y = ((x - mean) * w) * rstd + b, over the x chunk, then stored.
         for _, c0, c1 in grid.chunks():
-            x_c = x_chunk(c0, c1, load=not resident)
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
             centred = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=centred[0:n, 0 : c1 - c0], data=x_c, op0=nl.add,
                                       operand0=neg_mean[0:n, :], op1=nl.multiply,

@@ -27,6 +27,7 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.common.nki_plans import RowGrid
+from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.rmsnorm import nki_tiling
 from fusionlab.kernels.rmsnorm.nki_tiling import Plan
 
@@ -57,27 +58,19 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
 
     # Loaded once per program and kept: the weight row on every partition, and eps as a (P, 1)
     # bias tile, which every NeuronCore generation accepts.
-    w_sb = nl.ndarray((parts, hidden), dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_sb, src=w.broadcast(0, parts))
+    (w_sb,) = broadcast_rows(nl, nisa, parts, w)
     eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_sb, value=eps)
 
-    for r0, r1, n in grid.tiles():
+    for rows in grid.tiles():
+        r0, r1, n = rows
         x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
-
-        def x_chunk(c0: int, c1: int, r0: int = r0, r1: int = r1, n: int = n,
-                    x_sb: Any = x_sb) -> Any:
-            """The resident x chunk, or a fresh SBUF tile for a streamed read."""
-            if resident:
-                return x_sb[0:n, c0:c1]
-            return nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
 
         # Pass 1: each chunk's fp32 sum of squares lands in its own column, so chunks do not
         # wait on one another; a resident x chunk is loaded once and reused in pass 2.
         partial = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
-            x_c = x_chunk(c0, c1)
-            nisa.dma_copy(dst=x_c, src=x[r0:r1, c0:c1])
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
             squares = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=squares[0:n, 0 : c1 - c0], op=nl.square, data=x_c,
                             reduce_op=nl.add, reduce_res=partial[0:n, c : c + 1],
@@ -93,9 +86,8 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
 
         # Pass 2: y = (x * rstd) * w, written over the x chunk it came from, then stored.
         for _, c0, c1 in grid.chunks():
-            x_c = x_chunk(c0, c1)
-            if not resident:  # the streamed plan reads x a second time (Plan.x_reads == 2)
-                nisa.dma_copy(dst=x_c, src=x[r0:r1, c0:c1])
+            # The streamed plan reads x a second time (Plan.x_reads == 2).
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
             nisa.scalar_tensor_tensor(dst=x_c, data=x_c, op0=nl.multiply, operand0=rstd[0:n, :],
                                       op1=nl.multiply, operand1=w_sb[0:n, c0:c1])
             nisa.dma_copy(dst=out[r0:r1, c0:c1], src=x_c)
