@@ -137,8 +137,7 @@ def _register_op(kernel: Callable[..., Any], lnc: int) -> Callable[..., Pair]:
     return add_layer_norm_nki_op
 
 
-KERNEL = NkiKernel(_add_layernorm_kernel, globals(), TILING, _register_op, NL_NAMES,
-                   NISA_NAMES)
+KERNEL = NkiKernel(_add_layernorm_kernel, globals(), TILING, _register_op)
 param_error = KERNEL.param_error
 unavailable_reason = KERNEL.unavailable_reason
 simulator_unavailable_reason = KERNEL.simulator_unavailable_reason

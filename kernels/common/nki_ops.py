@@ -22,18 +22,19 @@ TUNABLES: dict[str, tuple[Any, ...]] = {
 
 
 class NkiKernel:
-    """A kernel body, the module globals NKI resolves its nl / nisa in, its tiling and names.
+    """A kernel body, the module globals NKI resolves its nl / nisa in (they also hold the exact
+    nl / nisa names it uses, NL_NAMES and NISA_NAMES), its tiling and its torch op's registrar.
 
     The body takes (*row inputs [rows, hidden], *vectors [1, hidden], eps, free_chunk,
     lnc_split), then `resident` unless the tiling is resident_only."""
 
     def __init__(self, body: Callable[..., Any], module_globals: dict[str, Any], tiling: Tiling,
-                 register_op: Callable[[Callable[..., Any], int], Callable[..., Any]],
-                 nl_names: Sequence[str], nisa_names: Sequence[str]) -> None:
+                 register_op: Callable[[Callable[..., Any], int], Callable[..., Any]]) -> None:
         self.body, self.module_globals, self.tiling = body, module_globals, tiling
         self.register_op = register_op  # (launched kernel, lnc) -> the module's typed torch op
         self._torch_ops: dict[int, Callable[..., Any]] = {}
-        self.nl_names, self.nisa_names = tuple(nl_names), tuple(nisa_names)
+        self.nl_names = tuple(module_globals["NL_NAMES"])
+        self.nisa_names = tuple(module_globals["NISA_NAMES"])
 
     def param_error(self, shape: tuple[int, ...], **params: Any) -> str | None:
         """Why these tunables cannot run at `shape` (any dtype, any generation), or None."""
