@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from fusionlab.kernels import norm_grads
-from fusionlab.kernels.common.triton_ops import fake_row_pair, save_inputs
 from fusionlab.kernels.common.triton_tiles import (
     TUNABLES,
     checked_row_pair,
@@ -22,6 +21,7 @@ from fusionlab.kernels.common.triton_tiles import (
     unavailable_reason,
 )
 from fusionlab.kernels.common.triton_tiles import tile_error as param_error
+from fusionlab.kernels.triton_ops import fake_row_pair, save_inputs
 
 __all__ = ["TUNABLES", "add_layer_norm_triton", "param_error", "unavailable_reason"]
 

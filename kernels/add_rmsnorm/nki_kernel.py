@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
-from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.common.nki_plans import RowGrid, Tiling
-from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
+from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
+from fusionlab.kernels.nki_plans import RowGrid, Tiling
+from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
 
 __all__ = ["TUNABLES", "add_rms_norm_nki", "make_plan", "param_error", "replay_add_rms_norm",
            "sbuf_bytes", "simulate_add_rms_norm", "simulator_unavailable_reason",

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
-from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.common.nki_plans import RowGrid
-from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.layernorm import nki_tiling
 from fusionlab.kernels.layernorm.nki_tiling import Plan
+from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
+from fusionlab.kernels.nki_plans import RowGrid
+from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
 
 __all__ = ["TUNABLES", "layer_norm_nki", "param_error", "replay_layer_norm", "simulate_layer_norm",
            "simulator_unavailable_reason", "unavailable_reason"]

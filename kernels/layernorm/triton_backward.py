@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from fusionlab.kernels.common.triton_backward import launch_backward
-from fusionlab.kernels.common.triton_ops import fake_grads, fake_rows, save_inputs
 from fusionlab.kernels.common.triton_tiles import triton
 from fusionlab.kernels.layernorm.triton_kernel import layer_norm_triton
+from fusionlab.kernels.triton_ops import fake_grads, fake_rows, save_inputs
 
 if triton is not None:
     import triton.language as tl

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
-from fusionlab.kernels.common.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.common.nki_plans import RowGrid
-from fusionlab.kernels.common.nki_tiles import broadcast_rows, chunk_tile
+from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
+from fusionlab.kernels.nki_plans import RowGrid
+from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
 from fusionlab.kernels.rmsnorm import nki_tiling
 from fusionlab.kernels.rmsnorm.nki_tiling import Plan
 

@@ -8,8 +8,8 @@ Streamed (the row tile does not fit next to the weight): x is read twice, chunk 
 
 from __future__ import annotations
 
-from fusionlab.kernels.common.nki_plans import Tiling
 from fusionlab.kernels.nki_common import FP32_BYTES, FREE_CHUNKS, Plan, ceil_div
+from fusionlab.kernels.nki_plans import Tiling
 
 __all__ = ["FREE_CHUNKS", "TILING", "Plan", "make_plan", "param_error", "sbuf_bytes"]
 

@@ -17,9 +17,9 @@ import torch
 
 from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
 from fusionlab.kernels.common.triton_backward import launch_backward
-from fusionlab.kernels.common.triton_ops import fake_grads, fake_rows, save_inputs
 from fusionlab.kernels.common.triton_tiles import triton
 from fusionlab.kernels.rmsnorm.triton_kernel import rms_norm_triton
+from fusionlab.kernels.triton_ops import fake_grads, fake_rows, save_inputs
 
 BACKWARD_CHOICES = RECOMPUTING_CHOICES  # torch-ops, or this module's fused kernel
 

@@ -9,9 +9,9 @@ import torch
 
 from fusionlab.kernels import norm_grads
 from fusionlab.kernels.common import triton_tiles as tiles
-from fusionlab.kernels.common.triton_ops import fake_rows, save_inputs
 from fusionlab.kernels.common.triton_tiles import TUNABLES, triton, unavailable_reason
 from fusionlab.kernels.common.triton_tiles import tile_error as param_error
+from fusionlab.kernels.triton_ops import fake_rows, save_inputs
 
 __all__ = ["TUNABLES", "param_error", "rms_norm_triton", "unavailable_reason"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionlab.kernels.common.nki_plans import RowGrid
+from fusionlab.kernels.nki_plans import RowGrid
 
 
 def chunk_tile(nl: Any, nisa: Any, grid: RowGrid, src: Any, rows: tuple[int, int, int], c0: int,

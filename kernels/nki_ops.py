@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from fusionlab.kernels import nki_common, nki_replay
-from fusionlab.kernels.common.nki_plans import Tiling
 from fusionlab.kernels.nki_common import Plan
+from fusionlab.kernels.nki_plans import Tiling
 
 TUNABLES: dict[str, tuple[Any, ...]] = {
     "free_chunk": nki_common.FREE_CHUNKS,
