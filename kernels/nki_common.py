@@ -23,7 +23,9 @@ Written against AWS Neuron SDK 2.33 (NKI 0.7.0, torch-neuronx 2.14). Sources, re
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -69,18 +71,29 @@ def lnc_degree(environ: dict[str, str] | None = None) -> tuple[int, str]:
     return default, f"neuronx-cc default for {gen} ({LNC_ENV} unset)"
 
 
+def _import_problem(names: tuple[str, ...], package: str, incomplete: str) -> str | None:
+    """Why importing `names` (the first is the package, called `package` in messages) fails, or
+    None; `incomplete` says why when a module other than the package itself is missing."""
+    try:
+        for name in names:
+            importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == names[0]:
+            return f"{package} is not installed ({_NOT_ON_PYPI})"
+        return incomplete.format(exc=exc)
+    except Exception as exc:  # a broken install must not crash whoever asks
+        return f"{package} failed to import: {exc}"
+    return None
+
+
 def nki_problem(nl_names: Iterable[str], nisa_names: Iterable[str], *extra: str) -> str | None:
     """Why the real `nki` package lacks what a kernel uses (its exact nl/nisa names), or None."""
-    try:
-        import nki
-        import nki.isa
-        import nki.language
-    except ModuleNotFoundError as exc:
-        if exc.name == "nki":
-            return f"nki is not installed ({_NOT_ON_PYPI})"
-        return f"nki is incomplete, likely the PyPI placeholder ({exc}); {_NOT_ON_PYPI}"
-    except Exception as exc:  # a broken install must not crash whoever asks
-        return f"nki failed to import: {exc}"
+    problem = _import_problem(
+        ("nki", "nki.isa", "nki.language"), "nki",
+        "nki is incomplete, likely the PyPI placeholder ({exc}); " + _NOT_ON_PYPI)
+    if problem is not None:
+        return problem
+    nki = sys.modules["nki"]
     needed = {nki: ("jit", *extra), nki.language: tuple(nl_names), nki.isa: tuple(nisa_names)}
     missing = [f"{m.__name__}.{a}" for m, names in needed.items() for a in names
                if not hasattr(m, a)]
@@ -92,21 +105,16 @@ def nki_problem(nl_names: Iterable[str], nisa_names: Iterable[str], *extra: str)
 
 def torch_neuron_problem(nl_names: Iterable[str], nisa_names: Iterable[str]) -> str | None:
     """Why a kernel cannot run from torch here (torch-neuronx, nki, a device), or None."""
-    try:
-        import torch
-        import torch_neuronx
-    except ModuleNotFoundError as exc:
-        if exc.name == "torch_neuronx":
-            return f"torch-neuronx is not installed ({_NOT_ON_PYPI})"
-        return f"torch-neuronx failed to import: {exc}"
-    except Exception as exc:  # a broken install must not crash whoever asks
-        return f"torch-neuronx failed to import: {exc}"
-    if not hasattr(torch_neuronx, "nki_op"):
+    problem = _import_problem(("torch_neuronx", "torch"), "torch-neuronx",
+                              "torch-neuronx failed to import: {exc}")
+    if problem is not None:
+        return problem
+    if not hasattr(sys.modules["torch_neuronx"], "nki_op"):
         return f"torch-neuronx has no nki_op: PyPI placeholder or older than 2.13; {_NOT_ON_PYPI}"
     problem = nki_problem(nl_names, nisa_names)
     if problem is not None:
         return problem
-    neuron = getattr(torch, "neuron", None)
+    neuron = getattr(sys.modules["torch"], "neuron", None)
     if neuron is None:
         return "torch.neuron is missing: torch-neuronx did not register the neuron device"
     try:

@@ -132,10 +132,12 @@ def compile_point(op: str, hidden: int, dtype: str, params: dict[str, int]) -> d
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    mod, kernel = _kernel(op)
+    from fusionlab.kernels.common import triton_tiles
+
+    _, kernel = _kernel(op)
     ty, size = _DTYPES[dtype]
-    tile = mod.tile_constexprs(params["block_size"], params["rows_per_program"],
-                               params["threads_per_row"], size)
+    tile = triton_tiles.tile_constexprs(params["block_size"], params["rows_per_program"],
+                                        params["threads_per_row"], size)
     values = {"n_rows": ROWS, "n_cols": hidden}
     signature, attrs = {}, {}
     for i, param in enumerate(kernel.params):
@@ -152,7 +154,7 @@ def compile_point(op: str, hidden: int, dtype: str, params: dict[str, int]) -> d
             # Triton's launcher marks integers divisible by 16; strides here are `hidden`.
             if values.get(name, hidden) % 16 == 0:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    num_warps = mod.num_warps_for(params["rows_per_program"], params["threads_per_row"])
+    num_warps = triton_tiles.num_warps_for(params["rows_per_program"], params["threads_per_row"])
     compiled = triton.compile(
         ASTSource(fn=kernel, signature=signature, constexprs=tile, attrs=attrs),
         target=GPUTarget("cuda", 90, 32),

@@ -15,16 +15,13 @@ import torch
 from fusionlab.kernels import norm_grads
 from fusionlab.kernels.common.triton_tiles import (
     TUNABLES,
-    as_rows,
-    check_launch,
-    num_warps_for,
-    tile_constexprs,
+    checked_row_pair,
+    launch_tiles,
     triton,
     unavailable_reason,
 )
-from fusionlab.kernels.common.triton_tiles import (
-    tile_error as param_error,
-)
+from fusionlab.kernels.common.triton_tiles import tile_error as param_error
+from fusionlab.kernels.triton_ops import fake_row_pair, save_inputs
 
 __all__ = ["TUNABLES", "add_layer_norm_triton", "param_error", "unavailable_reason"]
 
@@ -33,101 +30,33 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 if triton is not None:
     import triton.language as tl
 
-    from fusionlab.kernels.common.triton_tiles import (
-        load_columns,
-        load_rows,
-        row_sum,
-        store_rows,
-        tile_offsets,
-    )
+    from fusionlab.kernels.common.triton_norms import layer_norm_tile, residual_sum
+    from fusionlab.kernels.common.triton_tiles import store_rows, tile_offsets
 
     @triton.jit
-    def _add_layer_norm_kernel(
-        x_ptr,
-        r_ptr,
-        w_ptr,
-        b_ptr,
-        y_ptr,
-        s_ptr,
-        x_row_stride,
-        r_row_stride,
-        y_row_stride,
-        s_row_stride,
-        n_rows,
-        n_cols,
-        eps,
-        ROWS: tl.constexpr,
-        SPLIT: tl.constexpr,
-        CHUNK: tl.constexpr,
-    ):
+    def _add_layer_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, s_ptr, x_row_stride,
+                               r_row_stride, y_row_stride, s_row_stride, n_rows, n_cols, eps,
+                               ROWS: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr):
         rows, cols, col_mask, mask = tile_offsets(n_rows, n_cols, ROWS, SPLIT, CHUNK)
-        x = load_rows(x_ptr, rows, x_row_stride, cols, mask)
-        r = load_rows(r_ptr, rows, r_row_stride, cols, mask)
-        s = x + r
-        store_rows(s_ptr, rows, s_row_stride, cols, s, mask)
-        mean = row_sum(s) / n_cols
-        # Padding columns must not add (0 - mean)^2 to the variance.
-        sc = tl.where(col_mask, s - mean, 0.0)
-        rstd = tl.rsqrt(row_sum(sc * sc) / n_cols + eps)
-        w = load_columns(w_ptr, cols, col_mask)
-        b = load_columns(b_ptr, cols, col_mask)
-        y = sc * rstd * w + b
+        s = residual_sum(x_ptr, r_ptr, s_ptr, rows, x_row_stride, r_row_stride, s_row_stride,
+                         cols, mask)
+        y = layer_norm_tile(s, w_ptr, b_ptr, cols, col_mask, n_cols, eps)
         store_rows(y_ptr, rows, y_row_stride, cols, y, mask)
 
 
 @torch.library.custom_op("fusionlab::add_layer_norm_triton", mutates_args=())
-def add_layer_norm_triton(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    eps: float,
-    *,
-    block_size: int,
-    rows_per_program: int,
-    threads_per_row: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_layer_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                          bias: torch.Tensor, eps: float, *, block_size: int,
+                          rows_per_program: int, threads_per_row: int) -> Pair:
     """(layernorm(x + residual) * weight + bias, x + residual), both in `x.dtype`."""
-    if residual.shape != x.shape:
-        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    error = param_error(tuple(x.shape), block_size, rows_per_program, threads_per_row)
-    check_launch(x, error, weight, bias)
-    x2d, r2d = as_rows(x), as_rows(residual)
-    n_rows, hidden = x2d.shape
-    out = torch.empty((n_rows, hidden), dtype=x.dtype, device=x.device)
-    residual_out = torch.empty((n_rows, hidden), dtype=x.dtype, device=x.device)
-    if n_rows > 0:
-        _add_layer_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
-            x2d,
-            r2d,
-            weight.contiguous(),
-            bias.contiguous(),
-            out,
-            residual_out,
-            x2d.stride(0),
-            r2d.stride(0),
-            out.stride(0),
-            residual_out.stride(0),
-            n_rows,
-            hidden,
-            eps,
-            **tile_constexprs(block_size, rows_per_program, threads_per_row, x.element_size()),
-            num_warps=num_warps_for(rows_per_program, threads_per_row),
-        )
+    tile = (block_size, rows_per_program, threads_per_row)
+    x2d, r2d = checked_row_pair(x, residual, tile, weight, bias)
+    out = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
+    launch_tiles(_add_layer_norm_kernel, x2d,
+                 (x2d, r2d, weight.contiguous(), bias.contiguous(), out, residual_out),
+                 (x2d, r2d, out, residual_out), eps, tile)
     return out.view(x.shape), residual_out.view(x.shape)
-
-
-@add_layer_norm_triton.register_fake
-def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-          eps: float, *, block_size: int, rows_per_program: int, threads_per_row: int) -> Pair:
-    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any],
-                   output: Pair) -> None:
-    x, residual, weight, bias, eps = inputs
-    ctx.save_for_backward(x, residual, weight, bias)
-    ctx.eps = eps
 
 
 def _backward(ctx: Any, grad_y: torch.Tensor | None,
@@ -140,4 +69,5 @@ def _backward(ctx: Any, grad_y: torch.Tensor | None,
             grad_bias.to(bias.dtype), None)
 
 
-add_layer_norm_triton.register_autograd(_backward, setup_context=_setup_context)
+add_layer_norm_triton.register_fake(fake_row_pair)
+add_layer_norm_triton.register_autograd(_backward, setup_context=save_inputs)

@@ -15,16 +15,14 @@ import torch
 from fusionlab.kernels import norm_grads
 from fusionlab.kernels.common.triton_tiles import (
     TUNABLES,
-    as_rows,
-    check_launch,
-    num_warps_for,
-    tile_constexprs,
+    Tile,
+    checked_row_pair,
+    launch_tiles,
     triton,
     unavailable_reason,
 )
-from fusionlab.kernels.common.triton_tiles import (
-    tile_error as param_error,
-)
+from fusionlab.kernels.common.triton_tiles import tile_error as param_error
+from fusionlab.kernels.triton_ops import fake_row_pair, save_inputs
 
 __all__ = [
     "TUNABLES",
@@ -37,121 +35,48 @@ __all__ = [
 if triton is not None:
     import triton.language as tl
 
-    from fusionlab.kernels.common.triton_tiles import (
-        load_columns,
-        load_rows,
-        row_sum,
-        store_rows,
-        tile_offsets,
-    )
+    from fusionlab.kernels.common.triton_norms import residual_sum, rms_norm_tile
+    from fusionlab.kernels.common.triton_tiles import store_rows, tile_offsets
 
     @triton.jit
-    def _add_rms_norm_kernel(
-        x_ptr,
-        r_ptr,
-        w_ptr,
-        y_ptr,
-        s_ptr,
-        x_row_stride,
-        r_row_stride,
-        y_row_stride,
-        s_row_stride,
-        n_rows,
-        n_cols,
-        eps,
-        ROWS: tl.constexpr,
-        SPLIT: tl.constexpr,
-        CHUNK: tl.constexpr,
-    ):
+    def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, s_ptr, x_row_stride, r_row_stride,
+                             y_row_stride, s_row_stride, n_rows, n_cols, eps,
+                             ROWS: tl.constexpr, SPLIT: tl.constexpr, CHUNK: tl.constexpr):
         rows, cols, col_mask, mask = tile_offsets(n_rows, n_cols, ROWS, SPLIT, CHUNK)
-        x = load_rows(x_ptr, rows, x_row_stride, cols, mask)
-        r = load_rows(r_ptr, rows, r_row_stride, cols, mask)
-        s = x + r
-        # Stored before the reduction so the in-place flavour never reads what it overwrote:
-        # every element is loaded above, by the program that alone writes its row.
-        store_rows(s_ptr, rows, s_row_stride, cols, s, mask)
-        rstd = tl.rsqrt(row_sum(s * s) / n_cols + eps)
-        w = load_columns(w_ptr, cols, col_mask)
-        y = s * rstd * w
+        s = residual_sum(x_ptr, r_ptr, s_ptr, rows, x_row_stride, r_row_stride, s_row_stride,
+                         cols, mask)
+        y = rms_norm_tile(s, w_ptr, cols, col_mask, n_cols, eps)
         store_rows(y_ptr, rows, y_row_stride, cols, y, mask)
 
 
-def _launch(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    out: torch.Tensor,
-    residual_out: torch.Tensor,
-    block_size: int,
-    rows_per_program: int,
-    threads_per_row: int,
-) -> None:
-    n_rows, hidden = x.shape
-    if n_rows == 0:
-        return
-    _add_rms_norm_kernel[(triton.cdiv(n_rows, rows_per_program),)](
-        x,
-        residual,
-        weight.contiguous(),
-        out,
-        residual_out,
-        x.stride(0),
-        residual.stride(0),
-        out.stride(0),
-        residual_out.stride(0),
-        n_rows,
-        hidden,
-        eps,
-        **tile_constexprs(block_size, rows_per_program, threads_per_row, x.element_size()),
-        num_warps=num_warps_for(rows_per_program, threads_per_row),
-    )
-
-
-def _check(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, params: tuple) -> None:
-    if residual.shape != x.shape:
-        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-    check_launch(x, param_error(tuple(x.shape), *params), weight)
+def _launch(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+            out: torch.Tensor, residual_out: torch.Tensor, tile: Tile) -> None:
+    launch_tiles(_add_rms_norm_kernel, x, (x, residual, weight.contiguous(), out, residual_out),
+                 (x, residual, out, residual_out), eps, tile)
 
 
 @torch.library.custom_op("fusionlab::add_rms_norm_triton", mutates_args=())
-def add_rms_norm_triton(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    block_size: int,
-    rows_per_program: int,
-    threads_per_row: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                        *, block_size: int, rows_per_program: int,
+                        threads_per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(rmsnorm(x + residual) * weight, x + residual), both in `x.dtype`; inputs untouched."""
-    params = (block_size, rows_per_program, threads_per_row)
-    _check(x, residual, weight, params)
-    x2d, r2d = as_rows(x), as_rows(residual)
+    tile = (block_size, rows_per_program, threads_per_row)
+    x2d, r2d = checked_row_pair(x, residual, tile, weight)
     out = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
     residual_out = torch.empty(x2d.shape, dtype=x.dtype, device=x.device)
-    _launch(x2d, r2d, weight, eps, out, residual_out, *params)
+    _launch(x2d, r2d, weight, eps, out, residual_out, tile)
     return out.view(x.shape), residual_out.view(x.shape)
 
 
 @torch.library.custom_op("fusionlab::add_rms_norm_triton_", mutates_args=("x", "residual"))
-def _add_rms_norm_triton_inplace(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    block_size: int,
-    rows_per_program: int,
-    threads_per_row: int,
-) -> None:
+def _add_rms_norm_triton_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                 eps: float, *, block_size: int, rows_per_program: int,
+                                 threads_per_row: int) -> None:
     """The in-place op; it returns nothing, since torch.compile cannot functionalize a custom
     op whose outputs alias its inputs."""
-    params = (block_size, rows_per_program, threads_per_row)
-    _check(x, residual, weight, params)
-    x2d, r2d = as_rows(x), as_rows(residual)
-    _launch(x2d, r2d, weight, eps, x2d, r2d, *params)
+    tile = (block_size, rows_per_program, threads_per_row)
+    x2d, r2d = checked_row_pair(x, residual, tile, weight)
+    _launch(x2d, r2d, weight, eps, x2d, r2d, tile)
     # as_rows copies when the strides admit no [rows, hidden] view; write those results back.
     for target, result in ((x, x2d), (residual, r2d)):
         if result.untyped_storage().data_ptr() != target.untyped_storage().data_ptr():
@@ -159,40 +84,18 @@ def _add_rms_norm_triton_inplace(
 
 
 @_add_rms_norm_triton_inplace.register_fake
-def _fake_inplace(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-                  block_size: int, rows_per_program: int, threads_per_row: int) -> None:
+def _fake_inplace(x: torch.Tensor, *args: Any, **tunables: Any) -> None:
     return None
 
 
-def add_rms_norm_triton_(
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    *,
-    block_size: int,
-    rows_per_program: int,
-    threads_per_row: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_triton_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                         eps: float, *, block_size: int, rows_per_program: int,
+                         threads_per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
     """In place (vLLM style): x becomes the normed output, residual becomes x + residual."""
     _add_rms_norm_triton_inplace(x, residual, weight, eps, block_size=block_size,
                                  rows_per_program=rows_per_program,
                                  threads_per_row=threads_per_row)
     return x, residual
-
-
-@add_rms_norm_triton.register_fake
-def _fake(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, *,
-          block_size: int, rows_per_program: int,
-          threads_per_row: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
-
-
-def _setup_context(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any],
-                   output: tuple[torch.Tensor, torch.Tensor]) -> None:
-    x, residual, weight, eps = inputs
-    ctx.save_for_backward(x, residual, weight)
-    ctx.eps = eps
 
 
 def _backward(ctx: Any, grad_y: torch.Tensor | None,
@@ -204,4 +107,5 @@ def _backward(ctx: Any, grad_y: torch.Tensor | None,
     return grad_total.to(x.dtype), grad_total.to(residual.dtype), grad_weight.to(weight.dtype), None
 
 
-add_rms_norm_triton.register_autograd(_backward, setup_context=_setup_context)
+add_rms_norm_triton.register_fake(fake_row_pair)
+add_rms_norm_triton.register_autograd(_backward, setup_context=save_inputs)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -165,6 +167,38 @@ def check_launch(x: torch.Tensor, error: str | None, *vectors: torch.Tensor) -> 
     reason = unavailable_reason(x.device.type)
     if reason is not None:
         raise RuntimeError(reason)
+
+
+Tile = tuple[int, int, int]  # (block_size, rows_per_program, threads_per_row)
+
+
+def checked_rows(x: torch.Tensor, tile: Tile, *vectors: torch.Tensor) -> torch.Tensor:
+    """`x` as [rows, hidden] (as_rows) once `tile` and the parameter vectors are checked for it."""
+    check_launch(x, tile_error(tuple(x.shape), *tile), *vectors)
+    return as_rows(x)
+
+
+def checked_row_pair(x: torch.Tensor, residual: torch.Tensor, tile: Tile,
+                     *vectors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x and residual as [rows, hidden] once their shapes, `tile` and the vectors are checked."""
+    if residual.shape != x.shape:
+        raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+    return checked_rows(x, tile, *vectors), as_rows(residual)
+
+
+def launch_tiles(kernel: Any, x2d: torch.Tensor, pointers: Sequence[torch.Tensor],
+                 strided: Sequence[torch.Tensor], eps: float, tile: Tile) -> None:
+    """Run a norm kernel over x2d's rows, one tile per program. Its arguments: `pointers`, the
+    row strides of `strided`, n_rows, n_cols, eps, then the tile's constexprs."""
+    n_rows, hidden = x2d.shape
+    if n_rows == 0:
+        return
+    block_size, rows_per_program, threads_per_row = tile
+    kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        *pointers, *(t.stride(0) for t in strided), n_rows, hidden, eps,
+        **tile_constexprs(block_size, rows_per_program, threads_per_row, x2d.element_size()),
+        num_warps=num_warps_for(rows_per_program, threads_per_row),
+    )
 
 
 if triton is not None:

@@ -11,22 +11,21 @@ float32. Variance is two-pass on the resident tile, sum((x - mean)^2) via an act
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from fusionlab.kernels import nki_common, nki_replay
+from fusionlab.kernels import nki_replay
 from fusionlab.kernels.layernorm import nki_tiling
-from fusionlab.kernels.layernorm.nki_tiling import FREE_CHUNKS, Plan
-from fusionlab.kernels.nki_common import ceil_div, program_rows, span, tile_partitions
+from fusionlab.kernels.layernorm.nki_tiling import Plan
+from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
+from fusionlab.kernels.nki_plans import RowGrid
+from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
 
-TUNABLES: dict[str, tuple[Any, ...]] = {
-    "free_chunk": FREE_CHUNKS,
-    "lnc_split": nki_common.LNC_SPLITS,
-}
+__all__ = ["TUNABLES", "layer_norm_nki", "param_error", "replay_layer_norm", "simulate_layer_norm",
+           "simulator_unavailable_reason", "unavailable_reason"]
 NL_NAMES = ("ndarray", "sbuf", "shared_hbm", "float32", "program_id", "num_programs", "tile_size",
             "copy", "square", "rsqrt", "add", "multiply")
 NISA_NAMES = ("dma_copy", "memset", "activation", "tensor_reduce", "tensor_scalar",
@@ -39,42 +38,22 @@ nisa: Any = None
 def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_split: str,
                       resident: bool) -> Any:
     """out[r] = (x[r] - mean) * rsqrt(var + eps) * w[0] + b[0]; x [rows, hidden], w, b [1, H]."""
-    rows, hidden = x.shape
-    out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
-    programs = nl.num_programs(0)
-    first, stop = program_rows(rows, lnc_split, nl.program_id(0), programs)
-    if stop == first:
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+    if grid.empty:
         return out
-    parts = tile_partitions(rows, lnc_split, programs)
+    parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
     assert parts <= nl.tile_size.pmax
-    chunk = min(free_chunk, hidden)
-    n_chunks = ceil_div(hidden, chunk)
-
-    w_sb = nl.ndarray((parts, hidden), dtype=w.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_sb, src=w.broadcast(0, parts))
-    b_sb = nl.ndarray((parts, hidden), dtype=b.dtype, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b_sb, src=b.broadcast(0, parts))
+    w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
     eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=eps_sb, value=eps)
 
-    for t in range(ceil_div(stop - first, parts)):
-        t0, t1 = span(t, parts, stop - first)
-        r0, r1, n = first + t0, first + t1, t1 - t0
+    for rows in grid.tiles():
+        r0, r1, n = rows
         x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
 
-        def x_chunk(c0: int, c1: int, r0: int = r0, r1: int = r1, n: int = n,
-                    x_sb: Any = x_sb, load: bool = True) -> Any:
-            """The resident x chunk, or a fresh SBUF copy of it (a streamed re-read)."""
-            if resident:
-                tile = x_sb[0:n, c0:c1]
-            else:
-                tile = nl.ndarray((parts, chunk), dtype=x.dtype, buffer=nl.sbuf)[0:n, 0 : c1 - c0]
-            if load:
-                nisa.dma_copy(dst=tile, src=x[r0:r1, c0:c1])
-            return tile
-
         def row_sums(partial: Any, n: int = n) -> Any:
-            if n_chunks == 1:
+            if grid.n_chunks == 1:
                 return partial
             total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_reduce(dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1,
@@ -82,10 +61,9 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
             return total
 
         # Pass 1: sum(x) per row -> -mean.
-        sums = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c in range(n_chunks):
-            c0, c1 = span(c, chunk, hidden)
-            x_c = x_chunk(c0, c1)
+        sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        for c, c0, c1 in grid.chunks():
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
             scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.copy, data=x_c, reduce_op=nl.add,
                             reduce_res=sums[0:n, c : c + 1],
@@ -95,10 +73,9 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
                            operand0=-1.0 / hidden)
 
         # Pass 2: sum((x - mean)^2) per row -> rstd.
-        squares = nl.ndarray((parts, n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c in range(n_chunks):
-            c0, c1 = span(c, chunk, hidden)
-            x_c = x_chunk(c0, c1, load=not resident)
+        squares = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+        for c, c0, c1 in grid.chunks():
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
             scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.square, data=x_c,
                             bias=neg_mean[0:n, :], reduce_op=nl.add,
@@ -109,9 +86,8 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
                         bias=eps_sb[0:n, :], scale=1.0 / hidden)
 
         # Pass 3: y = ((x - mean) * w) * rstd + b, over the x chunk, then stored.
-        for c in range(n_chunks):
-            c0, c1 = span(c, chunk, hidden)
-            x_c = x_chunk(c0, c1, load=not resident)
+        for _, c0, c1 in grid.chunks():
+            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
             centred = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=centred[0:n, 0 : c1 - c0], data=x_c, op0=nl.add,
                                       operand0=neg_mean[0:n, :], op1=nl.multiply,
@@ -123,31 +99,11 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
     return out
 
 
-def param_error(shape: tuple[int, ...], **params: Any) -> str | None:
-    """Why these tunables cannot run at `shape` (any dtype, any generation), or None."""
-    return nki_common.shape_param_error(nki_tiling, TUNABLES, shape, params)
 
 
-def unavailable_reason() -> str | None:
-    """Why layer_norm_nki cannot run here; None when torch-neuronx, nki and a device are present."""
-    return nki_common.torch_neuron_problem(NL_NAMES, NISA_NAMES)
-
-
-def simulator_unavailable_reason() -> str | None:
-    """Why simulate_layer_norm cannot run here (it needs the real nki.simulate), or None."""
-    return nki_common.nki_problem(NL_NAMES, NISA_NAMES, "simulate")
-
-
-@functools.cache
-def _jit_kernel() -> Any:
-    return nki_common.bind_language(globals()).jit(_layernorm_kernel)
-
-
-@functools.cache
-def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
+def _register_op(kernel: Callable[..., Any], lnc: int) -> Callable[..., torch.Tensor]:
+    """`kernel`, launched at LNC degree `lnc`, as this module's torch op on `neuron`."""
     from torch_neuronx import nki_op
-
-    kernel = nki_common.launch(_jit_kernel(), lnc)
 
     @nki_op(f"fusionlab::layer_norm_nki_lnc{lnc}", mutates_args={})
     def layer_norm_nki_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -157,56 +113,32 @@ def _torch_op(lnc: int) -> Callable[..., torch.Tensor]:
     return layer_norm_nki_op
 
 
+KERNEL = NkiKernel(_layernorm_kernel, globals(), nki_tiling.TILING, _register_op)
+param_error = KERNEL.param_error
+unavailable_reason = KERNEL.unavailable_reason
+simulator_unavailable_reason = KERNEL.simulator_unavailable_reason
+
+
 def layer_norm_nki(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, *,
                    free_chunk: int, lnc_split: str) -> torch.Tensor:
-    """LayerNorm over the last dim of `x` on the neuron device, eager, at the runtime's LNC degree.
-
-    Rows that are not contiguous are copied by `.contiguous()` first, as part of the kernel's cost.
-    """
-    for name, t in (("weight", weight), ("bias", bias)):
-        if tuple(t.shape) != tuple(x.shape[-1:]):
-            raise ValueError(f"{name} shape {tuple(t.shape)} != {tuple(x.shape[-1:])}")
-    lnc, _ = nki_common.lnc_degree()
-    plan = nki_common.shape_plan(nki_tiling, tuple(x.shape), nki_common.dtype_name(x.dtype),
-                                 lnc=lnc, generation=nki_common.generation(),
-                                 free_chunk=free_chunk, lnc_split=lnc_split)
-    reason = unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(reason)
-    nki_common.check_devices(x, weight, bias)
-    x2d = x.reshape(plan.rows, plan.hidden).contiguous()
-    out = _torch_op(lnc)(x2d, weight.reshape(1, -1).contiguous(), bias.reshape(1, -1).contiguous(),
-                         float(eps), free_chunk, lnc_split, plan.resident)
-    return out.reshape(x.shape)
+    """LayerNorm over the last dim of `x` on the neuron device, eager, at the runtime's LNC degree
+    (NkiKernel.on_device: non-contiguous rows are copied first, as part of the kernel's cost)."""
+    (y,) = KERNEL.on_device([x], {"weight": weight, "bias": bias}, eps,
+                            free_chunk=free_chunk, lnc_split=lnc_split)
+    return y
 
 
 def simulate_layer_norm(x_np: np.ndarray, w_np: np.ndarray, b_np: np.ndarray, eps: float, *,
                         lnc: int, **tunables: Any) -> np.ndarray:
     """Run the kernel in AWS's CPU simulator, nki.simulate(kernel[lnc]), on float32 arrays."""
-    plan = nki_common.shape_plan(nki_tiling, x_np.shape, "float32", lnc=lnc,
-                                 generation=nki_common.generation(), **tunables)
-    reason = simulator_unavailable_reason()
-    if reason is not None:
-        raise RuntimeError(reason)
-    import nki
-
-    kernel = nki_common.launch(_jit_kernel(), lnc)
-    out = nki.simulate(kernel)(np.ascontiguousarray(x_np.reshape(plan.rows, plan.hidden)),
-                               w_np.reshape(1, -1), b_np.reshape(1, -1), float(eps),
-                               tunables["free_chunk"], tunables["lnc_split"], plan.resident)
-    return np.asarray(out).reshape(x_np.shape)
+    (y,) = KERNEL.simulate([x_np], [w_np, b_np], eps, lnc=lnc, **tunables)
+    return y
 
 
 def replay_layer_norm(x_np: np.ndarray, w_np: np.ndarray, b_np: np.ndarray, eps: float, *,
                       dtype: str, lnc: int, generation: str,
                       **tunables: Any) -> tuple[np.ndarray, nki_replay.Replay, Plan]:
     """Run the kernel's real body in the NumPy MODEL of NKI (nki_replay), not on hardware."""
-    plan = nki_common.shape_plan(nki_tiling, x_np.shape, dtype, lnc=lnc, generation=generation,
-                                 **tunables)
-    result = nki_replay.replay(
-        _layernorm_kernel,
-        [(x_np.reshape(plan.rows, plan.hidden), dtype), (w_np.reshape(1, -1), dtype),
-         (b_np.reshape(1, -1), dtype)],
-        [float(eps), tunables["free_chunk"], tunables["lnc_split"], plan.resident],
-        lnc=lnc, generation=generation, nl_names=NL_NAMES, nisa_names=NISA_NAMES)
-    return result.outputs[0].reshape(x_np.shape), result, plan
+    (y,), result, plan = KERNEL.replay([x_np], [w_np, b_np], eps, dtype=dtype, lnc=lnc,
+                                       generation=generation, **tunables)
+    return y, result, plan

@@ -8,18 +8,10 @@ Streamed (the row tile does not fit next to the weight): x is read twice, chunk 
 
 from __future__ import annotations
 
-from fusionlab.kernels.nki_common import (
-    FP32_BYTES,
-    FREE_CHUNKS,
-    Plan,
-    budget_error,
-    ceil_div,
-    choose_plan,
-    rows_and_hidden,
-    tunable_error,
-)
+from fusionlab.kernels.nki_common import FP32_BYTES, FREE_CHUNKS, Plan, ceil_div
+from fusionlab.kernels.nki_plans import Tiling
 
-__all__ = ["FREE_CHUNKS", "Plan", "make_plan", "param_error", "sbuf_bytes"]
+__all__ = ["FREE_CHUNKS", "TILING", "Plan", "make_plan", "param_error", "sbuf_bytes"]
 
 
 def sbuf_bytes(hidden: int, chunk: int, x_bytes: int, w_bytes: int, resident: bool) -> int:
@@ -31,21 +23,6 @@ def sbuf_bytes(hidden: int, chunk: int, x_bytes: int, w_bytes: int, resident: bo
     return weight + squares + stats + x_tile
 
 
-def make_plan(rows: int, hidden: int, free_chunk: int, lnc_split: str, *, lnc: int, budget: int,
-              x_bytes: int, w_bytes: int) -> Plan:
-    """The plan for these sizes; ValueError when even the streamed plan does not fit `budget`."""
-    error = param_error(rows, hidden, free_chunk, lnc_split)
-    if error is not None:
-        raise ValueError(error)
-    return choose_plan(rows, hidden, free_chunk, lnc_split, lnc=lnc, budget=budget,
-                       need=lambda c, res: sbuf_bytes(hidden, c, x_bytes, w_bytes, res),
-                       streamed_reads=2)
-
-
-def param_error(rows: int, hidden: int, free_chunk: int, lnc_split: str) -> str | None:
-    """Why these sizes and tunables cannot run on any generation in any dtype, or None."""
-    sizes = rows_and_hidden((rows, hidden))
-    if isinstance(sizes, str):
-        return sizes
-    return tunable_error(free_chunk, lnc_split, FREE_CHUNKS) or budget_error(
-        hidden, free_chunk, lambda c, res: sbuf_bytes(hidden, c, FP32_BYTES, FP32_BYTES, res))
+TILING = Tiling(sbuf_bytes, streamed_reads=2)
+make_plan = TILING.make_plan
+param_error = TILING.param_error
