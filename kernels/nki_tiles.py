@@ -1,7 +1,8 @@
-"""The SBUF chunk tile the NKI kernels share, called from inside a kernel with that kernel's own
-`nl` / `nisa` (nki.language / nki.isa as bound by nki_common.bind_language, or the NumPy model's
-namespaces in kernels/nki_replay.py). It calls only nl.ndarray, nl.sbuf and nisa.dma_copy, which
-every kernel also calls itself and lists in its NL_NAMES / NISA_NAMES."""
+"""The SBUF tiles and row statistics the NKI kernels share, called from inside a kernel with that
+kernel's own `nl` / `nisa` (nki.language / nki.isa as bound by nki_common.bind_language, or the
+NumPy model's namespaces in kernels/nki_replay.py). A kernel's NL_NAMES / NISA_NAMES list the
+names used by its own body and by every helper here that it calls (tests/test_kernel_nki.py
+checks both ways), so the availability check and the NumPy model cover the helpers too."""
 
 from __future__ import annotations
 
@@ -35,3 +36,56 @@ def broadcast_rows(nl: Any, nisa: Any, parts: int, *vectors: Any) -> list[Any]:
         nisa.dma_copy(dst=tile, src=vector.broadcast(0, parts))
         tiles.append(tile)
     return tiles
+
+
+def row_total(nl: Any, nisa: Any, grid: RowGrid, partial: Any, n: int) -> Any:
+    """The (P, 1) fp32 row sum of the per-chunk `partial` sums on partitions [0, n): `partial`
+    itself when there is one chunk."""
+    if grid.n_chunks == 1:
+        return partial
+    total = nl.ndarray((grid.parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_reduce(dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1, keepdims=True)
+    return total
+
+
+def neg_mean_tile(nl: Any, nisa: Any, grid: RowGrid, sums: Any, n: int) -> Any:
+    """-sum / hidden per row, a (P, 1) fp32 tile, from the per-chunk row `sums`."""
+    tile = nl.ndarray((grid.parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=tile[0:n, :], data=row_total(nl, nisa, grid, sums, n)[0:n, :],
+                       op0=nl.multiply, operand0=-1.0 / grid.hidden)
+    return tile
+
+
+def rstd_tile(nl: Any, nisa: Any, grid: RowGrid, squares: Any, eps_sb: Any, n: int) -> Any:
+    """rsqrt(sum / hidden + eps) per row, a (P, 1) fp32 tile, from the per-chunk sums of
+    `squares` and the (P, 1) eps tile."""
+    tile = nl.ndarray((grid.parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    total = row_total(nl, nisa, grid, squares, n)
+    nisa.activation(dst=tile[0:n, :], op=nl.rsqrt, data=total[0:n, :], bias=eps_sb[0:n, :],
+                    scale=1.0 / grid.hidden)
+    return tile
+
+
+def residual_sum(nl: Any, nisa: Any, grid: RowGrid, x: Any, r: Any, res_out: Any, total_sb: Any,
+                 rows: tuple[int, int, int], c0: int, c1: int) -> Any:
+    """Columns [c0, c1) of x + r: kept in fp32 in the resident `total_sb` (returned, its slice)
+    and stored to `res_out` in HBM rounded once to x's dtype."""
+    r0, r1, n = rows
+    x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1)
+    r_c = chunk_tile(nl, nisa, grid, r, rows, c0, c1)
+    s_c = total_sb[0:n, c0:c1]
+    nisa.tensor_tensor(dst=s_c, data1=x_c, data2=r_c, op=nl.add)
+    nisa.tensor_tensor(dst=r_c, data1=x_c, data2=r_c, op=nl.add)  # rounded once
+    nisa.dma_copy(dst=res_out[r0:r1, c0:c1], src=r_c)
+    return s_c
+
+
+def chunk_row_sum(nl: Any, nisa: Any, grid: RowGrid, op: Any, data: Any, sums: Any,
+                  rows: tuple[int, int, int], chunk: tuple[int, int, int], *,
+                  bias: Any = None) -> None:
+    """op(data + bias) over one chunk (c, c0, c1) of the rows, summed per row into column c of the
+    fp32 `sums`; the elementwise result goes to a scratch tile."""
+    n, (c, c0, c1) = rows[2], chunk
+    scratch = nl.ndarray((grid.parts, grid.chunk), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=op, data=data, bias=bias, reduce_op=nl.add,
+                    reduce_res=sums[0:n, c : c + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)

@@ -10,6 +10,7 @@ import importlib.util
 import inspect
 import itertools
 import sys
+import textwrap
 import types
 
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 import torch
 
 from fusionlab.kernels import nki_common
+from fusionlab.kernels.add_layernorm import nki_kernel as add_layer
 from fusionlab.kernels.add_rmsnorm import nki_kernel as add_rms
 from fusionlab.kernels.layernorm import nki_kernel as layer
 from fusionlab.kernels.layernorm import nki_tiling as layer_tiling
@@ -143,14 +145,26 @@ def test_tunables_match_the_kernel_keywords():
         assert keywords == list(module.TUNABLES)
 
 
-def _attributes_used(module, name: str) -> set[str]:
-    """Every `name.attr` in the module's code (docstrings and comments aside)."""
-    tree = ast.parse(inspect.getsource(module))
-    return {
+def _attributes_used(code, name: str) -> set[str]:
+    """Every `name.attr` in the code of a module or function (docstrings and comments aside),
+    and in the shared helpers it hands `name` to: a call `helper(..., name, ...)` counts the
+    attributes `helper` takes of its own parameter at that position, helpers of helpers too."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+    used = {
         node.attr for node in ast.walk(tree)
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
         and node.value.id == name
     }
+    scope = vars(inspect.getmodule(code))
+    for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call)):
+        helper = scope.get(call.func.id) if isinstance(call.func, ast.Name) else None
+        if not inspect.isfunction(helper) or helper is code:
+            continue
+        params = list(inspect.signature(helper).parameters)
+        for position, arg in enumerate(call.args):
+            if isinstance(arg, ast.Name) and arg.id == name:
+                used |= _attributes_used(helper, params[position])
+    return used
 
 
 def _fake_neuron_sdk(monkeypatch, nl_names=(), nisa_names=(), nki_attrs=("jit", "simulate"),
@@ -201,7 +215,7 @@ def test_each_missing_piece_of_the_neuron_sdk_gives_its_own_reason(module, monke
     assert "nki lacks nki.simulate:" in module.simulator_unavailable_reason()
 
 
-@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.split(".")[-2])
+@pytest.mark.parametrize("module", (*MODULES, add_layer), ids=lambda m: m.__name__.split(".")[-2])
 def test_availability_check_asks_for_exactly_the_names_used(module, monkeypatch):
     assert len(set(module.NL_NAMES)) == len(module.NL_NAMES)
     assert set(module.NL_NAMES) == _attributes_used(module, "nl")

@@ -24,7 +24,14 @@ from fusionlab.kernels import nki_replay
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.nki_plans import RowGrid, Tiling
-from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
+from fusionlab.kernels.nki_tiles import (
+    broadcast_rows,
+    chunk_row_sum,
+    chunk_tile,
+    neg_mean_tile,
+    residual_sum,
+    rstd_tile,
+)
 
 __all__ = ["TUNABLES", "add_layer_norm_nki", "make_plan", "param_error", "replay_add_layer_norm",
            "sbuf_bytes", "simulate_add_layer_norm", "simulator_unavailable_reason",
@@ -57,42 +64,19 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
         r0, r1, n = rows
         total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
 
-        def row_sums(partial: Any, n: int = n) -> Any:
-            if grid.n_chunks == 1:
-                return partial
-            summed = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=summed[0:n, :], op=nl.add, data=partial[0:n, :], axis=1,
-                               keepdims=True)
-            return summed
-
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of the sum -> -mean.
         sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1)
-            r_c = chunk_tile(nl, nisa, grid, r, rows, c0, c1)
-            s_c = total_sb[0:n, c0:c1]
-            nisa.tensor_tensor(dst=s_c, data1=x_c, data2=r_c, op=nl.add)
-            nisa.tensor_tensor(dst=r_c, data1=x_c, data2=r_c, op=nl.add)  # rounded once
-            nisa.dma_copy(dst=res_out[r0:r1, c0:c1], src=r_c)
-            scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.copy, data=s_c, reduce_op=nl.add,
-                            reduce_res=sums[0:n, c : c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=neg_mean[0:n, :], data=row_sums(sums)[0:n, :], op0=nl.multiply,
-                           operand0=-1.0 / hidden)
+            s_c = residual_sum(nl, nisa, grid, x, r, res_out, total_sb, rows, c0, c1)
+            chunk_row_sum(nl, nisa, grid, nl.copy, s_c, sums, rows, (c, c0, c1))
+        neg_mean = neg_mean_tile(nl, nisa, grid, sums, n)
 
         # Pass 2: sum((s - mean)^2) per row from the resident sum -> rstd.
         squares = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
-            scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.square,
-                            data=total_sb[0:n, c0:c1], bias=neg_mean[0:n, :], reduce_op=nl.add,
-                            reduce_res=squares[0:n, c : c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rstd[0:n, :], op=nl.rsqrt, data=row_sums(squares)[0:n, :],
-                        bias=eps_sb[0:n, :], scale=1.0 / hidden)
+            chunk_row_sum(nl, nisa, grid, nl.square, total_sb[0:n, c0:c1], squares, rows,
+                          (c, c0, c1), bias=neg_mean[0:n, :])
+        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 3: out = ((s - mean) * w) * rstd + b from the resident sum, then stored.
         for _, c0, c1 in grid.chunks():

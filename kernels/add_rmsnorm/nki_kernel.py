@@ -21,7 +21,13 @@ from fusionlab.kernels import nki_replay
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.nki_plans import RowGrid, Tiling
-from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
+from fusionlab.kernels.nki_tiles import (
+    broadcast_rows,
+    chunk_row_sum,
+    chunk_tile,
+    residual_sum,
+    rstd_tile,
+)
 
 __all__ = ["TUNABLES", "add_rms_norm_nki", "make_plan", "param_error", "replay_add_rms_norm",
            "sbuf_bytes", "simulate_add_rms_norm", "simulator_unavailable_reason",
@@ -45,7 +51,7 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
     grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
     if grid.empty:
         return out, res_out
-    parts, chunk = grid.parts, grid.chunk
+    parts = grid.parts
     assert parts <= nl.tile_size.pmax
     (w_sb,) = broadcast_rows(nl, nisa, parts, w)
     eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -58,24 +64,9 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of squares.
         for c, c0, c1 in grid.chunks():
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1)
-            r_c = chunk_tile(nl, nisa, grid, r, rows, c0, c1)
-            s_c = total_sb[0:n, c0:c1]
-            nisa.tensor_tensor(dst=s_c, data1=x_c, data2=r_c, op=nl.add)
-            nisa.tensor_tensor(dst=r_c, data1=x_c, data2=r_c, op=nl.add)  # rounded once
-            nisa.dma_copy(dst=res_out[r0:r1, c0:c1], src=r_c)
-            squares = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=squares[0:n, 0 : c1 - c0], op=nl.square, data=s_c,
-                            reduce_op=nl.add, reduce_res=partial[0:n, c : c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        total = partial
-        if grid.n_chunks > 1:
-            total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1,
-                               keepdims=True)
-        rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rstd[0:n, :], op=nl.rsqrt, data=total[0:n, :], bias=eps_sb[0:n, :],
-                        scale=1.0 / hidden)
+            s_c = residual_sum(nl, nisa, grid, x, r, res_out, total_sb, rows, c0, c1)
+            chunk_row_sum(nl, nisa, grid, nl.square, s_c, partial, rows, (c, c0, c1))
+        rstd = rstd_tile(nl, nisa, grid, partial, eps_sb, n)
 
         # Pass 2: out = (sum * rstd) * w from the resident fp32 sum.
         for _, c0, c1 in grid.chunks():

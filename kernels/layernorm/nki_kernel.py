@@ -22,7 +22,13 @@ from fusionlab.kernels.layernorm import nki_tiling
 from fusionlab.kernels.layernorm.nki_tiling import Plan
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.nki_plans import RowGrid
-from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
+from fusionlab.kernels.nki_tiles import (
+    broadcast_rows,
+    chunk_row_sum,
+    chunk_tile,
+    neg_mean_tile,
+    rstd_tile,
+)
 
 __all__ = ["TUNABLES", "layer_norm_nki", "param_error", "replay_layer_norm", "simulate_layer_norm",
            "simulator_unavailable_reason", "unavailable_reason"]
@@ -52,38 +58,20 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
         r0, r1, n = rows
         x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
 
-        def row_sums(partial: Any, n: int = n) -> Any:
-            if grid.n_chunks == 1:
-                return partial
-            total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1,
-                               keepdims=True)
-            return total
-
         # Pass 1: sum(x) per row -> -mean.
         sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
             x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
-            scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.copy, data=x_c, reduce_op=nl.add,
-                            reduce_res=sums[0:n, c : c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        neg_mean = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=neg_mean[0:n, :], data=row_sums(sums)[0:n, :], op0=nl.multiply,
-                           operand0=-1.0 / hidden)
+            chunk_row_sum(nl, nisa, grid, nl.copy, x_c, sums, rows, (c, c0, c1))
+        neg_mean = neg_mean_tile(nl, nisa, grid, sums, n)
 
         # Pass 2: sum((x - mean)^2) per row -> rstd.
         squares = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
             x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
-            scratch = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=nl.square, data=x_c,
-                            bias=neg_mean[0:n, :], reduce_op=nl.add,
-                            reduce_res=squares[0:n, c : c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rstd[0:n, :], op=nl.rsqrt, data=row_sums(squares)[0:n, :],
-                        bias=eps_sb[0:n, :], scale=1.0 / hidden)
+            chunk_row_sum(nl, nisa, grid, nl.square, x_c, squares, rows, (c, c0, c1),
+                          bias=neg_mean[0:n, :])
+        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 3: y = ((x - mean) * w) * rstd + b, over the x chunk, then stored.
         for _, c0, c1 in grid.chunks():

@@ -27,14 +27,14 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.nki_plans import RowGrid
-from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_tile
+from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_row_sum, chunk_tile, rstd_tile
 from fusionlab.kernels.rmsnorm import nki_tiling
 from fusionlab.kernels.rmsnorm.nki_tiling import Plan
 
 __all__ = ["TUNABLES", "param_error", "replay_rms_norm", "rms_norm_nki", "simulate_rms_norm",
            "simulator_unavailable_reason", "unavailable_reason"]
-# Exactly the nki.language / nki.isa names the kernel uses: the availability check asks for these
-# and the CPU model offers only these.
+# Exactly the nki.language / nki.isa names the kernel and the nki_tiles helpers it calls use: the
+# availability check asks for these and the CPU model offers only these.
 NL_NAMES = ("ndarray", "sbuf", "shared_hbm", "float32", "program_id", "num_programs", "tile_size",
             "square", "rsqrt", "add", "multiply")
 NISA_NAMES = ("dma_copy", "memset", "activation", "tensor_reduce", "scalar_tensor_tensor",
@@ -53,7 +53,7 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
     grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
     if grid.empty:
         return out
-    parts, chunk = grid.parts, grid.chunk
+    parts = grid.parts
     assert parts <= nl.tile_size.pmax
 
     # Loaded once per program and kept: the weight row on every partition, and eps as a (P, 1)
@@ -71,18 +71,8 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
         partial = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
         for c, c0, c1 in grid.chunks():
             x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
-            squares = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=squares[0:n, 0 : c1 - c0], op=nl.square, data=x_c,
-                            reduce_op=nl.add, reduce_res=partial[0:n, c : c + 1],
-                            reduce_cmd=nisa.reduce_cmd.reset_reduce)
-        total = partial
-        if grid.n_chunks > 1:
-            total = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_reduce(dst=total[0:n, :], op=nl.add, data=partial[0:n, :], axis=1,
-                               keepdims=True)
-        rstd = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=rstd[0:n, :], op=nl.rsqrt, data=total[0:n, :], bias=eps_sb[0:n, :],
-                        scale=1.0 / hidden)
+            chunk_row_sum(nl, nisa, grid, nl.square, x_c, partial, rows, (c, c0, c1))
+        rstd = rstd_tile(nl, nisa, grid, partial, eps_sb, n)
 
         # Pass 2: y = (x * rstd) * w, written over the x chunk it came from, then stored.
         for _, c0, c1 in grid.chunks():
