@@ -6,6 +6,7 @@ checks both ways), so the availability check and the NumPy model cover the helpe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fusionlab.kernels.nki_plans import RowGrid
@@ -80,12 +81,31 @@ def residual_sum(nl: Any, nisa: Any, grid: RowGrid, x: Any, r: Any, res_out: Any
     return s_c
 
 
-def chunk_row_sum(nl: Any, nisa: Any, grid: RowGrid, op: Any, data: Any, sums: Any,
-                  rows: tuple[int, int, int], chunk: tuple[int, int, int], *,
-                  bias: Any = None) -> None:
-    """op(data + bias) over one chunk (c, c0, c1) of the rows, summed per row into column c of the
-    fp32 `sums`; the elementwise result goes to a scratch tile."""
-    n, (c, c0, c1) = rows[2], chunk
-    scratch = nl.ndarray((grid.parts, grid.chunk), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=op, data=data, bias=bias, reduce_op=nl.add,
-                    reduce_res=sums[0:n, c : c + 1], reduce_cmd=nisa.reduce_cmd.reset_reduce)
+def row_sums(nl: Any, nisa: Any, grid: RowGrid, op: Any, chunk_of: Callable[[int, int], Any],
+             rows: tuple[int, int, int], *, bias: Any = None) -> Any:
+    """A (P, n_chunks) fp32 tile: column c holds, per row, the sum of op(data + bias) over chunk
+    c, whose data tile chunk_of(c0, c1) gives; the elementwise results go to scratch tiles."""
+    n = rows[2]
+    sums = nl.ndarray((grid.parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
+    for c, c0, c1 in grid.chunks():
+        data = chunk_of(c0, c1)
+        scratch = nl.ndarray((grid.parts, grid.chunk), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=scratch[0:n, 0 : c1 - c0], op=op, data=data, bias=bias,
+                        reduce_op=nl.add, reduce_res=sums[0:n, c : c + 1],
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    return sums
+
+
+def program_grid(nl: Any, shape: tuple[int, int], free_chunk: int, lnc_split: str) -> RowGrid:
+    """This LNC program's RowGrid over a [rows, hidden] input; its tiles fit the partitions."""
+    grid = RowGrid.of(shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+    assert grid.parts <= nl.tile_size.pmax
+    return grid
+
+
+def eps_tile(nl: Any, nisa: Any, parts: int, eps: float) -> Any:
+    """eps as a (P, 1) fp32 bias tile, which every NeuronCore generation accepts (a scalar bias
+    needs NeuronCore-v3): filled once per program and kept."""
+    tile = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=tile, value=eps)
+    return tile

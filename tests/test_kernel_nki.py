@@ -6,6 +6,7 @@ The kernels' bodies run in tests/test_nki_replay.py (a NumPy model of NKI, not t
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import itertools
@@ -147,8 +148,9 @@ def test_tunables_match_the_kernel_keywords():
 
 def _attributes_used(code, name: str) -> set[str]:
     """Every `name.attr` in the code of a module or function (docstrings and comments aside),
-    and in the shared helpers it hands `name` to: a call `helper(..., name, ...)` counts the
-    attributes `helper` takes of its own parameter at that position, helpers of helpers too."""
+    and in the shared helpers it hands `name` to: a call `helper(..., name, ...)`, or
+    `functools.partial(helper, ..., name, ...)`, counts the attributes `helper` takes of its own
+    parameter at that position, helpers of helpers too."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
     used = {
         node.attr for node in ast.walk(tree)
@@ -157,14 +159,21 @@ def _attributes_used(code, name: str) -> set[str]:
     }
     scope = vars(inspect.getmodule(code))
     for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call)):
-        helper = scope.get(call.func.id) if isinstance(call.func, ast.Name) else None
+        helper, args = _called(scope, call.func), call.args
+        if helper is functools.partial and args:
+            helper, args = _called(scope, args[0]), args[1:]
         if not inspect.isfunction(helper) or helper is code:
             continue
         params = list(inspect.signature(helper).parameters)
-        for position, arg in enumerate(call.args):
+        for position, arg in enumerate(args):
             if isinstance(arg, ast.Name) and arg.id == name:
                 used |= _attributes_used(helper, params[position])
     return used
+
+
+def _called(scope: dict, func: ast.expr) -> object:
+    """What a call's bare-name `func` is bound to in `scope` (None for any other expression)."""
+    return scope.get(func.id) if isinstance(func, ast.Name) else None
 
 
 def _fake_neuron_sdk(monkeypatch, nl_names=(), nisa_names=(), nki_attrs=("jit", "simulate"),

@@ -15,6 +15,7 @@ where `nki` is installed, AWS's simulator; never on Trainium here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -23,13 +24,15 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.nki_plans import RowGrid, Tiling
+from fusionlab.kernels.nki_plans import Tiling
 from fusionlab.kernels.nki_tiles import (
     broadcast_rows,
-    chunk_row_sum,
     chunk_tile,
+    eps_tile,
     neg_mean_tile,
+    program_grid,
     residual_sum,
+    row_sums,
     rstd_tile,
 )
 
@@ -51,31 +54,25 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
     """(out, residual_out) for x, r [rows, hidden] and w, b [1, hidden]."""
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
     res_out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out, res_out
     parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
-    assert parts <= nl.tile_size.pmax
     w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
-    eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_sb, value=eps)
+    eps_sb = eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
         total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of the sum -> -mean.
-        sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c, c0, c1 in grid.chunks():
-            s_c = residual_sum(nl, nisa, grid, x, r, res_out, total_sb, rows, c0, c1)
-            chunk_row_sum(nl, nisa, grid, nl.copy, s_c, sums, rows, (c, c0, c1))
+        add = partial(residual_sum, nl, nisa, grid, x, r, res_out, total_sb, rows)
+        sums = row_sums(nl, nisa, grid, nl.copy, add, rows)
         neg_mean = neg_mean_tile(nl, nisa, grid, sums, n)
 
         # Pass 2: sum((s - mean)^2) per row from the resident sum -> rstd.
-        squares = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c, c0, c1 in grid.chunks():
-            chunk_row_sum(nl, nisa, grid, nl.square, total_sb[0:n, c0:c1], squares, rows,
-                          (c, c0, c1), bias=neg_mean[0:n, :])
+        kept_sum = partial(chunk_tile, nl, nisa, grid, x, rows, resident=total_sb, load=False)
+        squares = row_sums(nl, nisa, grid, nl.square, kept_sum, rows, bias=neg_mean[0:n, :])
         rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 3: out = ((s - mean) * w) * rstd + b from the resident sum, then stored.

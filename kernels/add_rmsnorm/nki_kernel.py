@@ -12,6 +12,7 @@ sources as in kernels/rmsnorm/nki_kernel.py, plus nisa.tensor_tensor(dst, data1,
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -20,12 +21,14 @@ import torch
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.nki_plans import RowGrid, Tiling
+from fusionlab.kernels.nki_plans import Tiling
 from fusionlab.kernels.nki_tiles import (
     broadcast_rows,
-    chunk_row_sum,
     chunk_tile,
+    eps_tile,
+    program_grid,
     residual_sum,
+    row_sums,
     rstd_tile,
 )
 
@@ -48,25 +51,21 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
     rows, hidden = x.shape
     out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
     res_out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out, res_out
     parts = grid.parts
-    assert parts <= nl.tile_size.pmax
     (w_sb,) = broadcast_rows(nl, nisa, parts, w)
-    eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_sb, value=eps)
+    eps_sb = eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
         total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
-        partial = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of squares.
-        for c, c0, c1 in grid.chunks():
-            s_c = residual_sum(nl, nisa, grid, x, r, res_out, total_sb, rows, c0, c1)
-            chunk_row_sum(nl, nisa, grid, nl.square, s_c, partial, rows, (c, c0, c1))
-        rstd = rstd_tile(nl, nisa, grid, partial, eps_sb, n)
+        add = partial(residual_sum, nl, nisa, grid, x, r, res_out, total_sb, rows)
+        squares = row_sums(nl, nisa, grid, nl.square, add, rows)
+        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 2: out = (sum * rstd) * w from the resident fp32 sum.
         for _, c0, c1 in grid.chunks():

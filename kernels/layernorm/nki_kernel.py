@@ -12,6 +12,7 @@ float32. Variance is two-pass on the resident tile, sum((x - mean)^2) via an act
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -21,12 +22,13 @@ from fusionlab.kernels import nki_replay
 from fusionlab.kernels.layernorm import nki_tiling
 from fusionlab.kernels.layernorm.nki_tiling import Plan
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.nki_plans import RowGrid
 from fusionlab.kernels.nki_tiles import (
     broadcast_rows,
-    chunk_row_sum,
     chunk_tile,
+    eps_tile,
     neg_mean_tile,
+    program_grid,
+    row_sums,
     rstd_tile,
 )
 
@@ -45,32 +47,25 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
                       resident: bool) -> Any:
     """out[r] = (x[r] - mean) * rsqrt(var + eps) * w[0] + b[0]; x [rows, hidden], w, b [1, H]."""
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out
     parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
-    assert parts <= nl.tile_size.pmax
     w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
-    eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_sb, value=eps)
+    eps_sb = eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
         x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
 
         # Pass 1: sum(x) per row -> -mean.
-        sums = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c, c0, c1 in grid.chunks():
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
-            chunk_row_sum(nl, nisa, grid, nl.copy, x_c, sums, rows, (c, c0, c1))
+        load_x = partial(chunk_tile, nl, nisa, grid, x, rows, resident=x_sb)
+        sums = row_sums(nl, nisa, grid, nl.copy, load_x, rows)
         neg_mean = neg_mean_tile(nl, nisa, grid, sums, n)
 
         # Pass 2: sum((x - mean)^2) per row -> rstd.
-        squares = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c, c0, c1 in grid.chunks():
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
-            chunk_row_sum(nl, nisa, grid, nl.square, x_c, squares, rows, (c, c0, c1),
-                          bias=neg_mean[0:n, :])
+        reread_x = partial(chunk_tile, nl, nisa, grid, x, rows, resident=x_sb, load=not resident)
+        squares = row_sums(nl, nisa, grid, nl.square, reread_x, rows, bias=neg_mean[0:n, :])
         rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 3: y = ((x - mean) * w) * rstd + b, over the x chunk, then stored.

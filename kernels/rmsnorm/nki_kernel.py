@@ -19,6 +19,7 @@ Loops are plain `range`: NKI 0.7.0 traces kernels as Python and nl.affine_range 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,8 +27,14 @@ import torch
 
 from fusionlab.kernels import nki_replay
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.nki_plans import RowGrid
-from fusionlab.kernels.nki_tiles import broadcast_rows, chunk_row_sum, chunk_tile, rstd_tile
+from fusionlab.kernels.nki_tiles import (
+    broadcast_rows,
+    chunk_tile,
+    eps_tile,
+    program_grid,
+    row_sums,
+    rstd_tile,
+)
 from fusionlab.kernels.rmsnorm import nki_tiling
 from fusionlab.kernels.rmsnorm.nki_tiling import Plan
 
@@ -50,17 +57,15 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
     """out[r] = x[r] * rsqrt(mean(x[r]**2) + eps) * w[0]; x is [rows, hidden], w is [1, hidden]."""
     rows, hidden = x.shape
     out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out
     parts = grid.parts
-    assert parts <= nl.tile_size.pmax
 
     # Loaded once per program and kept: the weight row on every partition, and eps as a (P, 1)
     # bias tile, which every NeuronCore generation accepts.
     (w_sb,) = broadcast_rows(nl, nisa, parts, w)
-    eps_sb = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=eps_sb, value=eps)
+    eps_sb = eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
@@ -68,11 +73,9 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
 
         # Pass 1: each chunk's fp32 sum of squares lands in its own column, so chunks do not
         # wait on one another; a resident x chunk is loaded once and reused in pass 2.
-        partial = nl.ndarray((parts, grid.n_chunks), dtype=nl.float32, buffer=nl.sbuf)
-        for c, c0, c1 in grid.chunks():
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb)
-            chunk_row_sum(nl, nisa, grid, nl.square, x_c, partial, rows, (c, c0, c1))
-        rstd = rstd_tile(nl, nisa, grid, partial, eps_sb, n)
+        load_x = partial(chunk_tile, nl, nisa, grid, x, rows, resident=x_sb)
+        squares = row_sums(nl, nisa, grid, nl.square, load_x, rows)
+        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 2: y = (x * rstd) * w, written over the x chunk it came from, then stored.
         for _, c0, c1 in grid.chunks():
