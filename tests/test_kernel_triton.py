@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from helpers import covering_cases, valid_configs
+from triton_cases import DTYPES, VIEWS, assert_close_to, assert_tunables_covered, default_hidden_cfg
 
 from fusionlab.kernels.rmsnorm.triton_kernel import (
     TUNABLES,
@@ -23,7 +24,6 @@ from fusionlab.kernels.rmsnorm.triton_kernel import (
 )
 
 EPS = 1e-6
-TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
 CASES = covering_cases(TUNABLES, param_error)
 
 
@@ -44,11 +44,10 @@ def check(x: torch.Tensor, weight: torch.Tensor, cfg: dict[str, int]) -> None:
     assert y.dtype == x.dtype
     assert y.shape == x.shape
     ref = reference(x, weight, EPS)
-    tol = TOLERANCES[x.dtype]
-    assert ((y.double() - ref).abs() <= tol + tol * ref.abs()).all()
+    assert_close_to(y, ref, x.dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@DTYPES
 @pytest.mark.parametrize(("shape", "cfg"), CASES, ids=str)
 def test_matches_float64_reference(shape, cfg, dtype):
     x, weight = make_inputs(shape, dtype)
@@ -56,8 +55,7 @@ def test_matches_float64_reference(shape, cfg, dtype):
 
 
 def test_every_tunable_value_is_exercised():
-    for name, values in TUNABLES.items():
-        assert {cfg[name] for _, cfg in CASES} == set(values), name
+    assert_tunables_covered(TUNABLES, CASES)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +64,7 @@ def test_every_tunable_value_is_exercised():
 )
 def test_default_hidden_tiles(rows, threads):
     x, weight = make_inputs((7, 4096), torch.bfloat16, seed=9)
-    check(x, weight, {"block_size": 4096, "rows_per_program": rows, "threads_per_row": threads})
+    check(x, weight, default_hidden_cfg(rows, threads))
 
 
 @pytest.mark.parametrize(
@@ -75,16 +73,7 @@ def test_default_hidden_tiles(rows, threads):
      {"block_size": 128, "rows_per_program": 4, "threads_per_row": 16}],
     ids=str,
 )
-@pytest.mark.parametrize(
-    "make_view",
-    [
-        pytest.param(lambda t: t[:, :100], id="column-slice"),  # row stride 200, last stride 1
-        pytest.param(lambda t: t[::2, :100], id="every-other-row"),
-        pytest.param(lambda t: t[:, ::2], id="strided-last-dim"),
-        pytest.param(lambda t: t[:, :100].reshape(2, 5, 100), id="3d-of-slice"),
-        pytest.param(lambda t: t[:, :100].t().contiguous().t(), id="transposed"),
-    ],
-)
+@pytest.mark.parametrize("make_view", VIEWS)
 def test_non_contiguous_input(make_view, cfg):
     base, _ = make_inputs((10, 200), torch.float32, seed=1)
     x = make_view(base)

@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from helpers import covering_cases
+from triton_cases import VIEWS, assert_close_to, reference_tests
 
 from fusionlab.kernels.add_rmsnorm.triton_kernel import (
     TUNABLES,
@@ -22,7 +23,6 @@ from fusionlab.kernels.add_rmsnorm.triton_kernel import (
 )
 
 EPS = 1e-6
-TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
 CASES = covering_cases(TUNABLES, param_error)
 
 
@@ -43,8 +43,7 @@ def make_inputs(shape, dtype, seed=0):
 def assert_close(actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
     assert actual.dtype == dtype
     assert actual.shape == ref.shape
-    tol = TOLERANCES[dtype]
-    assert ((actual.double() - ref).abs() <= tol + tol * ref.abs()).all()
+    assert_close_to(actual, ref, dtype)
 
 
 def check(x, residual, weight, cfg):
@@ -57,21 +56,8 @@ def check(x, residual, weight, cfg):
     return out, residual_out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(("shape", "cfg"), CASES, ids=str)
-def test_matches_float64_reference(shape, cfg, dtype):
-    check(*make_inputs(shape, dtype), cfg)
-
-
-def test_every_tunable_value_is_exercised():
-    for name, values in TUNABLES.items():
-        assert {cfg[name] for _, cfg in CASES} == set(values), name
-
-
-@pytest.mark.parametrize(("rows", "threads"), [(2, 64), (1, 256), (4, 128)])
-def test_default_hidden_tiles(rows, threads):
-    cfg = {"block_size": 4096, "rows_per_program": rows, "threads_per_row": threads}
-    check(*make_inputs((7, 4096), torch.bfloat16, seed=9), cfg)
+(test_matches_float64_reference, test_every_tunable_value_is_exercised,
+ test_default_hidden_tiles) = reference_tests(check, make_inputs, TUNABLES, CASES)
 
 
 def test_bfloat16_sum_is_rounded_once_and_out_uses_the_fp32_sum():
@@ -86,13 +72,6 @@ def test_bfloat16_sum_is_rounded_once_and_out_uses_the_fp32_sum():
         assert ((actual.double() - ref).abs() / ulp).max().item() < 1.01
 
 
-VIEWS = [
-    pytest.param(lambda t: t[:, :100], id="column-slice"),
-    pytest.param(lambda t: t[::2, :100], id="every-other-row"),
-    pytest.param(lambda t: t[:, ::2], id="strided-last-dim"),
-    pytest.param(lambda t: t[:, :100].reshape(2, 5, 100), id="3d-of-slice"),
-    pytest.param(lambda t: t[:, :100].t().contiguous().t(), id="transposed"),
-]
 CFG = {"block_size": 128, "rows_per_program": 4, "threads_per_row": 16}
 
 

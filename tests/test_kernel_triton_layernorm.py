@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from helpers import covering_cases
+from triton_cases import VIEWS, assert_close_to, reference_tests
 
 from fusionlab.kernels.layernorm.triton_kernel import (
     TUNABLES,
@@ -21,7 +22,6 @@ from fusionlab.kernels.layernorm.triton_kernel import (
 )
 
 EPS = 1e-5
-TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
 CASES = covering_cases(TUNABLES, param_error)
 
 
@@ -45,25 +45,11 @@ def check(x, weight, bias, cfg):
     assert y.dtype == x.dtype
     assert y.shape == x.shape
     ref = reference(x, weight, bias, EPS)
-    tol = TOLERANCES[x.dtype]
-    assert ((y.double() - ref).abs() <= tol + tol * ref.abs()).all()
+    assert_close_to(y, ref, x.dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize(("shape", "cfg"), CASES, ids=str)
-def test_matches_float64_reference(shape, cfg, dtype):
-    check(*make_inputs(shape, dtype), cfg)
-
-
-def test_every_tunable_value_is_exercised():
-    for name, values in TUNABLES.items():
-        assert {cfg[name] for _, cfg in CASES} == set(values), name
-
-
-@pytest.mark.parametrize(("rows", "threads"), [(2, 64), (1, 256), (4, 128)])
-def test_default_hidden_tiles(rows, threads):
-    cfg = {"block_size": 4096, "rows_per_program": rows, "threads_per_row": threads}
-    check(*make_inputs((7, 4096), torch.bfloat16, seed=9), cfg)
+(test_matches_float64_reference, test_every_tunable_value_is_exercised,
+ test_default_hidden_tiles) = reference_tests(check, make_inputs, TUNABLES, CASES)
 
 
 @pytest.mark.parametrize("hidden", [1000, 1024])
@@ -76,16 +62,7 @@ def test_large_mean_small_variance(hidden):
     assert (y.double() - reference(x, weight, bias, EPS)).abs().max().item() < 1e-3
 
 
-@pytest.mark.parametrize(
-    "make_view",
-    [
-        pytest.param(lambda t: t[:, :100], id="column-slice"),
-        pytest.param(lambda t: t[::2, :100], id="every-other-row"),
-        pytest.param(lambda t: t[:, ::2], id="strided-last-dim"),
-        pytest.param(lambda t: t[:, :100].reshape(2, 5, 100), id="3d-of-slice"),
-        pytest.param(lambda t: t[:, :100].t().contiguous().t(), id="transposed"),
-    ],
-)
+@pytest.mark.parametrize("make_view", VIEWS)
 def test_non_contiguous_input(make_view):
     base, _, _ = make_inputs((10, 200), torch.float32, seed=1)
     x = make_view(base)
