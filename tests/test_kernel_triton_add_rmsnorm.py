@@ -11,19 +11,12 @@ import torch
 
 pytest.importorskip("triton")
 
-from helpers import covering_cases
 from triton_cases import VIEWS, assert_close_to, reference_tests
 
-from fusionlab.kernels.add_rmsnorm.triton_kernel import (
-    TUNABLES,
-    add_rms_norm_triton,
-    add_rms_norm_triton_,
-    param_error,
-    unavailable_reason,
-)
+from fusionlab.kernels.add_rmsnorm import triton_kernel
+from fusionlab.kernels.add_rmsnorm.triton_kernel import add_rms_norm_triton, add_rms_norm_triton_
 
 EPS = 1e-6
-CASES = covering_cases(TUNABLES, param_error)
 
 
 def reference(x, residual, weight, eps):
@@ -57,7 +50,7 @@ def check(x, residual, weight, cfg):
 
 
 (test_matches_float64_reference, test_every_tunable_value_is_exercised,
- test_default_hidden_tiles) = reference_tests(check, make_inputs, TUNABLES, CASES)
+ test_default_hidden_tiles) = reference_tests(check, make_inputs, triton_kernel)
 
 
 def test_bfloat16_sum_is_rounded_once_and_out_uses_the_fp32_sum():
@@ -119,5 +112,5 @@ def test_errors():
         add_rms_norm_triton_(x, residual, weight[:10], EPS, **cfg)
     with pytest.raises(ValueError, match="masked"):
         add_rms_norm_triton(x, residual, weight, EPS, **{**cfg, "rows_per_program": 4})
-    assert param_error((2048, 4096), 4096, 2, 64) is None
-    assert unavailable_reason("cpu") is None
+    assert triton_kernel.param_error((2048, 4096), 4096, 2, 64) is None
+    assert triton_kernel.unavailable_reason("cpu") is None

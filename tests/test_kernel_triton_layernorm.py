@@ -11,18 +11,16 @@ import torch
 
 pytest.importorskip("triton")
 
-from helpers import covering_cases
 from triton_cases import VIEWS, assert_close_to, reference_tests
 
+from fusionlab.kernels.layernorm import triton_kernel
 from fusionlab.kernels.layernorm.triton_kernel import (
-    TUNABLES,
     layer_norm_triton,
     param_error,
     unavailable_reason,
 )
 
 EPS = 1e-5
-CASES = covering_cases(TUNABLES, param_error)
 
 
 def reference(x, weight, bias, eps):
@@ -49,7 +47,7 @@ def check(x, weight, bias, cfg):
 
 
 (test_matches_float64_reference, test_every_tunable_value_is_exercised,
- test_default_hidden_tiles) = reference_tests(check, make_inputs, TUNABLES, CASES)
+ test_default_hidden_tiles) = reference_tests(check, make_inputs, triton_kernel)
 
 
 @pytest.mark.parametrize("hidden", [1000, 1024])

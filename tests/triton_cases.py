@@ -5,10 +5,12 @@ tunable value."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+from helpers import covering_cases
 
 TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 1.6e-2}
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -40,10 +42,12 @@ def default_hidden_cfg(rows: int, threads: int) -> dict[str, int]:
 
 
 def reference_tests(check: Callable[..., Any], make_inputs: Callable[..., tuple],
-                    tunables: dict[str, Iterable[Any]],
-                    cases: list[tuple[Any, dict[str, Any]]]) -> tuple[Callable[..., None], ...]:
+                    kernel: ModuleType) -> tuple[Callable[..., None], ...]:
     """The float64-reference, tunable-coverage and default-hidden-tile tests of a Triton kernel
-    whose `check(*make_inputs(shape, dtype, seed=...), cfg)` checks one call against float64."""
+    module whose `check(*make_inputs(shape, dtype, seed=...), cfg)` checks one call against
+    float64, over the covering cases of its TUNABLES."""
+    tunables = kernel.TUNABLES
+    cases = covering_cases(tunables, kernel.param_error)
 
     @DTYPES
     @pytest.mark.parametrize(("shape", "cfg"), cases, ids=str)
