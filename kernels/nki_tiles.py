@@ -109,3 +109,13 @@ def eps_tile(nl: Any, nisa: Any, parts: int, eps: float) -> Any:
     tile = nl.ndarray((parts, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=tile, value=eps)
     return tile
+
+
+def hbm_like(nl: Any, x: Any) -> Any:
+    """A kernel output in shared HBM with x's shape and dtype."""
+    return nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+
+
+def resident_row(nl: Any, grid: RowGrid, dtype: Any) -> Any:
+    """A (parts, hidden) SBUF tile of `dtype`: whole rows of a row tile, kept across passes."""
+    return nl.ndarray((grid.parts, grid.hidden), dtype=dtype, buffer=nl.sbuf)

@@ -172,7 +172,11 @@ def _attributes_used(code, name: str) -> set[str]:
 
 
 def _called(scope: dict, func: ast.expr) -> object:
-    """What a call's bare-name `func` is bound to in `scope` (None for any other expression)."""
+    """What a call's `func`, a bare name or `module.name` of an imported module, is bound to in
+    `scope` (None for any other expression)."""
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        owner = scope.get(func.value.id)
+        return getattr(owner, func.attr, None) if inspect.ismodule(owner) else None
     return scope.get(func.id) if isinstance(func, ast.Name) else None
 
 

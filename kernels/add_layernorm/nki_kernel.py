@@ -22,19 +22,10 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
+from fusionlab.kernels import nki_tiles as tiles
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.nki_plans import Tiling
-from fusionlab.kernels.nki_tiles import (
-    broadcast_rows,
-    chunk_tile,
-    eps_tile,
-    neg_mean_tile,
-    program_grid,
-    residual_sum,
-    row_sums,
-    rstd_tile,
-)
 
 __all__ = ["TUNABLES", "add_layer_norm_nki", "make_plan", "param_error", "replay_add_layer_norm",
            "sbuf_bytes", "simulate_add_layer_norm", "simulator_unavailable_reason",
@@ -52,28 +43,27 @@ nisa: Any = None
 def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk: int,
                           lnc_split: str) -> Any:
     """(out, residual_out) for x, r [rows, hidden] and w, b [1, hidden]."""
-    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    res_out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
+    out, res_out = tiles.hbm_like(nl, x), tiles.hbm_like(nl, x)
+    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out, res_out
-    parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
-    w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
-    eps_sb = eps_tile(nl, nisa, parts, eps)
+    parts, chunk = grid.parts, grid.chunk
+    w_sb, b_sb = tiles.broadcast_rows(nl, nisa, parts, w, b)
+    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
-        total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
+        total_sb = tiles.resident_row(nl, grid, nl.float32)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of the sum -> -mean.
-        add = partial(residual_sum, nl, nisa, grid, x, r, res_out, total_sb, rows)
-        sums = row_sums(nl, nisa, grid, nl.copy, add, rows)
-        neg_mean = neg_mean_tile(nl, nisa, grid, sums, n)
+        add = partial(tiles.residual_sum, nl, nisa, grid, x, r, res_out, total_sb, rows)
+        sums = tiles.row_sums(nl, nisa, grid, nl.copy, add, rows)
+        neg_mean = tiles.neg_mean_tile(nl, nisa, grid, sums, n)
 
         # Pass 2: sum((s - mean)^2) per row from the resident sum -> rstd.
-        kept_sum = partial(chunk_tile, nl, nisa, grid, x, rows, resident=total_sb, load=False)
-        squares = row_sums(nl, nisa, grid, nl.square, kept_sum, rows, bias=neg_mean[0:n, :])
-        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
+        kept_sum = partial(tiles.chunk_tile, nl, nisa, grid, x, rows, resident=total_sb, load=False)
+        squares = tiles.row_sums(nl, nisa, grid, nl.square, kept_sum, rows, bias=neg_mean[0:n, :])
+        rstd = tiles.rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 3: out = ((s - mean) * w) * rstd + b from the resident sum, then stored.
         for _, c0, c1 in grid.chunks():
@@ -81,7 +71,7 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
             nisa.scalar_tensor_tensor(dst=centred[0:n, 0 : c1 - c0], data=total_sb[0:n, c0:c1],
                                       op0=nl.add, operand0=neg_mean[0:n, :], op1=nl.multiply,
                                       operand1=w_sb[0:n, c0:c1])
-            y_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
+            y_c = tiles.chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
             nisa.scalar_tensor_tensor(dst=y_c, data=centred[0:n, 0 : c1 - c0], op0=nl.multiply,
                                       operand0=rstd[0:n, :], op1=nl.add,
                                       operand1=b_sb[0:n, c0:c1])

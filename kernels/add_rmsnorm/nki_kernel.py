@@ -19,18 +19,10 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
+from fusionlab.kernels import nki_tiles as tiles
 from fusionlab.kernels.nki_common import FP32_BYTES, Plan, ceil_div
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
 from fusionlab.kernels.nki_plans import Tiling
-from fusionlab.kernels.nki_tiles import (
-    broadcast_rows,
-    chunk_tile,
-    eps_tile,
-    program_grid,
-    residual_sum,
-    row_sums,
-    rstd_tile,
-)
 
 __all__ = ["TUNABLES", "add_rms_norm_nki", "make_plan", "param_error", "replay_add_rms_norm",
            "sbuf_bytes", "simulate_add_rms_norm", "simulator_unavailable_reason",
@@ -48,28 +40,26 @@ nisa: Any = None
 def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
                         lnc_split: str) -> Any:
     """(out, residual_out) for x, r [rows, hidden] and w [1, hidden]."""
-    rows, hidden = x.shape
-    out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
-    res_out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
+    out, res_out = tiles.hbm_like(nl, x), tiles.hbm_like(nl, x)
+    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out, res_out
     parts = grid.parts
-    (w_sb,) = broadcast_rows(nl, nisa, parts, w)
-    eps_sb = eps_tile(nl, nisa, parts, eps)
+    (w_sb,) = tiles.broadcast_rows(nl, nisa, parts, w)
+    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
-        total_sb = nl.ndarray((parts, hidden), dtype=nl.float32, buffer=nl.sbuf)
+        total_sb = tiles.resident_row(nl, grid, nl.float32)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of squares.
-        add = partial(residual_sum, nl, nisa, grid, x, r, res_out, total_sb, rows)
-        squares = row_sums(nl, nisa, grid, nl.square, add, rows)
-        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
+        add = partial(tiles.residual_sum, nl, nisa, grid, x, r, res_out, total_sb, rows)
+        squares = tiles.row_sums(nl, nisa, grid, nl.square, add, rows)
+        rstd = tiles.rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 2: out = (sum * rstd) * w from the resident fp32 sum.
         for _, c0, c1 in grid.chunks():
-            y_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
+            y_c = tiles.chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
             nisa.scalar_tensor_tensor(dst=y_c, data=total_sb[0:n, c0:c1], op0=nl.multiply,
                                       operand0=rstd[0:n, :], op1=nl.multiply,
                                       operand1=w_sb[0:n, c0:c1])

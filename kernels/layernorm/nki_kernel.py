@@ -19,18 +19,10 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
+from fusionlab.kernels import nki_tiles as tiles
 from fusionlab.kernels.layernorm import nki_tiling
 from fusionlab.kernels.layernorm.nki_tiling import Plan
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.nki_tiles import (
-    broadcast_rows,
-    chunk_tile,
-    eps_tile,
-    neg_mean_tile,
-    program_grid,
-    row_sums,
-    rstd_tile,
-)
 
 __all__ = ["TUNABLES", "layer_norm_nki", "param_error", "replay_layer_norm", "simulate_layer_norm",
            "simulator_unavailable_reason", "unavailable_reason"]
@@ -46,31 +38,32 @@ nisa: Any = None
 def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_split: str,
                       resident: bool) -> Any:
     """out[r] = (x[r] - mean) * rsqrt(var + eps) * w[0] + b[0]; x [rows, hidden], w, b [1, H]."""
-    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
+    out = tiles.hbm_like(nl, x)
+    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out
-    parts, hidden, chunk = grid.parts, grid.hidden, grid.chunk
-    w_sb, b_sb = broadcast_rows(nl, nisa, parts, w, b)
-    eps_sb = eps_tile(nl, nisa, parts, eps)
+    parts, chunk = grid.parts, grid.chunk
+    w_sb, b_sb = tiles.broadcast_rows(nl, nisa, parts, w, b)
+    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
-        x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
+        x_sb = tiles.resident_row(nl, grid, x.dtype) if resident else None
 
         # Pass 1: sum(x) per row -> -mean.
-        load_x = partial(chunk_tile, nl, nisa, grid, x, rows, resident=x_sb)
-        sums = row_sums(nl, nisa, grid, nl.copy, load_x, rows)
-        neg_mean = neg_mean_tile(nl, nisa, grid, sums, n)
+        load_x = partial(tiles.chunk_tile, nl, nisa, grid, x, rows, resident=x_sb)
+        sums = tiles.row_sums(nl, nisa, grid, nl.copy, load_x, rows)
+        neg_mean = tiles.neg_mean_tile(nl, nisa, grid, sums, n)
 
         # Pass 2: sum((x - mean)^2) per row -> rstd.
-        reread_x = partial(chunk_tile, nl, nisa, grid, x, rows, resident=x_sb, load=not resident)
-        squares = row_sums(nl, nisa, grid, nl.square, reread_x, rows, bias=neg_mean[0:n, :])
-        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
+        reread_x = partial(tiles.chunk_tile, nl, nisa, grid, x, rows, resident=x_sb,
+                           load=not resident)
+        squares = tiles.row_sums(nl, nisa, grid, nl.square, reread_x, rows, bias=neg_mean[0:n, :])
+        rstd = tiles.rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 3: y = ((x - mean) * w) * rstd + b, over the x chunk, then stored.
         for _, c0, c1 in grid.chunks():
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
+            x_c = reread_x(c0, c1)
             centred = nl.ndarray((parts, chunk), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=centred[0:n, 0 : c1 - c0], data=x_c, op0=nl.add,
                                       operand0=neg_mean[0:n, :], op1=nl.multiply,

@@ -26,15 +26,8 @@ import numpy as np
 import torch
 
 from fusionlab.kernels import nki_replay
+from fusionlab.kernels import nki_tiles as tiles
 from fusionlab.kernels.nki_ops import TUNABLES, NkiKernel
-from fusionlab.kernels.nki_tiles import (
-    broadcast_rows,
-    chunk_tile,
-    eps_tile,
-    program_grid,
-    row_sums,
-    rstd_tile,
-)
 from fusionlab.kernels.rmsnorm import nki_tiling
 from fusionlab.kernels.rmsnorm.nki_tiling import Plan
 
@@ -55,32 +48,32 @@ nisa: Any = None
 def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
                     resident: bool) -> Any:
     """out[r] = x[r] * rsqrt(mean(x[r]**2) + eps) * w[0]; x is [rows, hidden], w is [1, hidden]."""
-    rows, hidden = x.shape
-    out = nl.ndarray((rows, hidden), dtype=x.dtype, buffer=nl.shared_hbm)
-    grid = program_grid(nl, x.shape, free_chunk, lnc_split)
+    out = tiles.hbm_like(nl, x)
+    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
     if grid.empty:
         return out
     parts = grid.parts
 
     # Loaded once per program and kept: the weight row on every partition, and eps as a (P, 1)
     # bias tile, which every NeuronCore generation accepts.
-    (w_sb,) = broadcast_rows(nl, nisa, parts, w)
-    eps_sb = eps_tile(nl, nisa, parts, eps)
+    (w_sb,) = tiles.broadcast_rows(nl, nisa, parts, w)
+    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows
-        x_sb = nl.ndarray((parts, hidden), dtype=x.dtype, buffer=nl.sbuf) if resident else None
+        x_sb = tiles.resident_row(nl, grid, x.dtype) if resident else None
 
         # Pass 1: each chunk's fp32 sum of squares lands in its own column, so chunks do not
         # wait on one another; a resident x chunk is loaded once and reused in pass 2.
-        load_x = partial(chunk_tile, nl, nisa, grid, x, rows, resident=x_sb)
-        squares = row_sums(nl, nisa, grid, nl.square, load_x, rows)
-        rstd = rstd_tile(nl, nisa, grid, squares, eps_sb, n)
+        load_x = partial(tiles.chunk_tile, nl, nisa, grid, x, rows, resident=x_sb)
+        squares = tiles.row_sums(nl, nisa, grid, nl.square, load_x, rows)
+        rstd = tiles.rstd_tile(nl, nisa, grid, squares, eps_sb, n)
 
         # Pass 2: y = (x * rstd) * w, written over the x chunk it came from, then stored.
         for _, c0, c1 in grid.chunks():
             # The streamed plan reads x a second time (Plan.x_reads == 2).
-            x_c = chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb, load=not resident)
+            x_c = tiles.chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb,
+                                   load=not resident)
             nisa.scalar_tensor_tensor(dst=x_c, data=x_c, op0=nl.multiply, operand0=rstd[0:n, :],
                                       op1=nl.multiply, operand1=w_sb[0:n, c0:c1])
             nisa.dma_copy(dst=out[r0:r1, c0:c1], src=x_c)
