@@ -96,11 +96,17 @@ def row_sums(nl: Any, nisa: Any, grid: RowGrid, op: Any, chunk_of: Callable[[int
     return sums
 
 
-def program_grid(nl: Any, shape: tuple[int, int], free_chunk: int, lnc_split: str) -> RowGrid:
-    """This LNC program's RowGrid over a [rows, hidden] input; its tiles fit the partitions."""
-    grid = RowGrid.of(shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
+def program_start(nl: Any, nisa: Any, x: Any, free_chunk: int, lnc_split: str, eps: float,
+                  *vectors: Any) -> tuple[RowGrid, list[Any], Any]:
+    """This LNC program's RowGrid over x [rows, hidden] (its tiles fit the partitions) and, for a
+    program with rows, the [1, hidden] `vectors` on its partitions (broadcast_rows) and the eps
+    tile, loaded once and kept; Nones for a program without rows."""
+    grid = RowGrid.of(x.shape, free_chunk, lnc_split, nl.program_id(0), nl.num_programs(0))
     assert grid.parts <= nl.tile_size.pmax
-    return grid
+    if grid.empty:
+        return grid, [None] * len(vectors), None
+    vector_tiles = broadcast_rows(nl, nisa, grid.parts, *vectors)
+    return grid, vector_tiles, eps_tile(nl, nisa, grid.parts, eps)
 
 
 def eps_tile(nl: Any, nisa: Any, parts: int, eps: float) -> Any:

@@ -44,12 +44,10 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
                           lnc_split: str) -> Any:
     """(out, residual_out) for x, r [rows, hidden] and w, b [1, hidden]."""
     out, res_out = tiles.hbm_like(nl, x), tiles.hbm_like(nl, x)
-    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
+    grid, (w_sb, b_sb), eps_sb = tiles.program_start(nl, nisa, x, free_chunk, lnc_split, eps, w, b)
     if grid.empty:
         return out, res_out
     parts, chunk = grid.parts, grid.chunk
-    w_sb, b_sb = tiles.broadcast_rows(nl, nisa, parts, w, b)
-    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows

@@ -41,12 +41,9 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
                         lnc_split: str) -> Any:
     """(out, residual_out) for x, r [rows, hidden] and w [1, hidden]."""
     out, res_out = tiles.hbm_like(nl, x), tiles.hbm_like(nl, x)
-    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
+    grid, (w_sb,), eps_sb = tiles.program_start(nl, nisa, x, free_chunk, lnc_split, eps, w)
     if grid.empty:
         return out, res_out
-    parts = grid.parts
-    (w_sb,) = tiles.broadcast_rows(nl, nisa, parts, w)
-    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows

@@ -39,12 +39,10 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
                       resident: bool) -> Any:
     """out[r] = (x[r] - mean) * rsqrt(var + eps) * w[0] + b[0]; x [rows, hidden], w, b [1, H]."""
     out = tiles.hbm_like(nl, x)
-    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
+    grid, (w_sb, b_sb), eps_sb = tiles.program_start(nl, nisa, x, free_chunk, lnc_split, eps, w, b)
     if grid.empty:
         return out
     parts, chunk = grid.parts, grid.chunk
-    w_sb, b_sb = tiles.broadcast_rows(nl, nisa, parts, w, b)
-    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
 
     for rows in grid.tiles():
         r0, r1, n = rows

@@ -49,15 +49,11 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
                     resident: bool) -> Any:
     """out[r] = x[r] * rsqrt(mean(x[r]**2) + eps) * w[0]; x is [rows, hidden], w is [1, hidden]."""
     out = tiles.hbm_like(nl, x)
-    grid = tiles.program_grid(nl, x.shape, free_chunk, lnc_split)
-    if grid.empty:
-        return out
-    parts = grid.parts
-
     # Loaded once per program and kept: the weight row on every partition, and eps as a (P, 1)
     # bias tile, which every NeuronCore generation accepts.
-    (w_sb,) = tiles.broadcast_rows(nl, nisa, parts, w)
-    eps_sb = tiles.eps_tile(nl, nisa, parts, eps)
+    grid, (w_sb,), eps_sb = tiles.program_start(nl, nisa, x, free_chunk, lnc_split, eps, w)
+    if grid.empty:
+        return out
 
     for rows in grid.tiles():
         r0, r1, n = rows
