@@ -125,3 +125,12 @@ def hbm_like(nl: Any, x: Any) -> Any:
 def resident_row(nl: Any, grid: RowGrid, dtype: Any) -> Any:
     """A (parts, hidden) SBUF tile of `dtype`: whole rows of a row tile, kept across passes."""
     return nl.ndarray((grid.parts, grid.hidden), dtype=dtype, buffer=nl.sbuf)
+
+
+def store_fused(nisa: Any, out: Any, rows: tuple[int, int, int], c0: int, c1: int, tile: Any,
+                **operands: Any) -> None:
+    """tile = nisa.scalar_tensor_tensor(data, op0, operand0, op1, operand1) (`operands`, by
+    keyword), then stored to rows (r0, r1) and columns [c0, c1) of `out` in HBM."""
+    r0, r1, _ = rows
+    nisa.scalar_tensor_tensor(dst=tile, **operands)
+    nisa.dma_copy(dst=out[r0:r1, c0:c1], src=tile)

@@ -50,7 +50,7 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
     parts, chunk = grid.parts, grid.chunk
 
     for rows in grid.tiles():
-        r0, r1, n = rows
+        n = rows[2]
         total_sb = tiles.resident_row(nl, grid, nl.float32)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of the sum -> -mean.
@@ -70,10 +70,9 @@ def _add_layernorm_kernel(x: Any, r: Any, w: Any, b: Any, eps: float, free_chunk
                                       op0=nl.add, operand0=neg_mean[0:n, :], op1=nl.multiply,
                                       operand1=w_sb[0:n, c0:c1])
             y_c = tiles.chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
-            nisa.scalar_tensor_tensor(dst=y_c, data=centred[0:n, 0 : c1 - c0], op0=nl.multiply,
-                                      operand0=rstd[0:n, :], op1=nl.add,
-                                      operand1=b_sb[0:n, c0:c1])
-            nisa.dma_copy(dst=out[r0:r1, c0:c1], src=y_c)
+            tiles.store_fused(nisa, out, rows, c0, c1, y_c, data=centred[0:n, 0 : c1 - c0],
+                              op0=nl.multiply, operand0=rstd[0:n, :], op1=nl.add,
+                              operand1=b_sb[0:n, c0:c1])
     return out, res_out
 
 

@@ -46,7 +46,7 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
         return out, res_out
 
     for rows in grid.tiles():
-        r0, r1, n = rows
+        n = rows[2]
         total_sb = tiles.resident_row(nl, grid, nl.float32)
 
         # Pass 1: the fp32 sum (kept), residual_out in x.dtype (stored), sum of squares.
@@ -57,10 +57,9 @@ def _add_rmsnorm_kernel(x: Any, r: Any, w: Any, eps: float, free_chunk: int,
         # Pass 2: out = (sum * rstd) * w from the resident fp32 sum.
         for _, c0, c1 in grid.chunks():
             y_c = tiles.chunk_tile(nl, nisa, grid, x, rows, c0, c1, load=False)
-            nisa.scalar_tensor_tensor(dst=y_c, data=total_sb[0:n, c0:c1], op0=nl.multiply,
-                                      operand0=rstd[0:n, :], op1=nl.multiply,
-                                      operand1=w_sb[0:n, c0:c1])
-            nisa.dma_copy(dst=out[r0:r1, c0:c1], src=y_c)
+            tiles.store_fused(nisa, out, rows, c0, c1, y_c, data=total_sb[0:n, c0:c1],
+                              op0=nl.multiply, operand0=rstd[0:n, :], op1=nl.multiply,
+                              operand1=w_sb[0:n, c0:c1])
     return out, res_out
 
 

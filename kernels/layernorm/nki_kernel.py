@@ -45,7 +45,7 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
     parts, chunk = grid.parts, grid.chunk
 
     for rows in grid.tiles():
-        r0, r1, n = rows
+        n = rows[2]
         x_sb = tiles.resident_row(nl, grid, x.dtype) if resident else None
 
         # Pass 1: sum(x) per row -> -mean.
@@ -66,10 +66,9 @@ def _layernorm_kernel(x: Any, w: Any, b: Any, eps: float, free_chunk: int, lnc_s
             nisa.scalar_tensor_tensor(dst=centred[0:n, 0 : c1 - c0], data=x_c, op0=nl.add,
                                       operand0=neg_mean[0:n, :], op1=nl.multiply,
                                       operand1=w_sb[0:n, c0:c1])
-            nisa.scalar_tensor_tensor(dst=x_c, data=centred[0:n, 0 : c1 - c0], op0=nl.multiply,
-                                      operand0=rstd[0:n, :], op1=nl.add,
-                                      operand1=b_sb[0:n, c0:c1])
-            nisa.dma_copy(dst=out[r0:r1, c0:c1], src=x_c)
+            tiles.store_fused(nisa, out, rows, c0, c1, x_c, data=centred[0:n, 0 : c1 - c0],
+                              op0=nl.multiply, operand0=rstd[0:n, :], op1=nl.add,
+                              operand1=b_sb[0:n, c0:c1])
     return out
 
 

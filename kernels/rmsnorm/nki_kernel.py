@@ -56,7 +56,7 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
         return out
 
     for rows in grid.tiles():
-        r0, r1, n = rows
+        n = rows[2]
         x_sb = tiles.resident_row(nl, grid, x.dtype) if resident else None
 
         # Pass 1: each chunk's fp32 sum of squares lands in its own column, so chunks do not
@@ -70,9 +70,8 @@ def _rmsnorm_kernel(x: Any, w: Any, eps: float, free_chunk: int, lnc_split: str,
             # The streamed plan reads x a second time (Plan.x_reads == 2).
             x_c = tiles.chunk_tile(nl, nisa, grid, x, rows, c0, c1, resident=x_sb,
                                    load=not resident)
-            nisa.scalar_tensor_tensor(dst=x_c, data=x_c, op0=nl.multiply, operand0=rstd[0:n, :],
-                                      op1=nl.multiply, operand1=w_sb[0:n, c0:c1])
-            nisa.dma_copy(dst=out[r0:r1, c0:c1], src=x_c)
+            tiles.store_fused(nisa, out, rows, c0, c1, x_c, data=x_c, op0=nl.multiply,
+                              operand0=rstd[0:n, :], op1=nl.multiply, operand1=w_sb[0:n, c0:c1])
     return out
 
 
