@@ -1,6 +1,6 @@
 """What the Triton kernel tests share: the float64 tolerance check, the non-contiguous views of a
-(10, 200) tensor, the default-hidden tile config and the check that the covering cases use every
-tunable value."""
+(10, 200) tensor, the default-hidden tile config, the check that the covering cases use every
+tunable value, and reference_tests, the tests a kernel module gets from those."""
 
 from __future__ import annotations
 
