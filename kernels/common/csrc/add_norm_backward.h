@@ -6,8 +6,10 @@
 #include "cpu_norm_common.h"
 
 #include <ATen/core/Tensor.h>
+#include <torch/autograd.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace fusionlab_cpu {
 
@@ -40,6 +42,20 @@ inline AddBackwardInputs add_backward_inputs(const char* op, const at::Tensor& g
   const int64_t hidden = x.size(-1);
   return {grad_y.contiguous(), grad_sum.contiguous(), x.contiguous(), residual.contiguous(),
           hidden == 0 ? 0 : x.numel() / hidden, hidden};
+}
+
+// The upstream gradients an add kernel's autograd Function hands its backward op: grad_y (zeros
+// where y was unused) and grad_residual_out (none where residual_out was unused, so the kernel
+// skips adding it). The Function does not materialize them, so either may be undefined.
+struct AddGrads {
+  at::Tensor grad_y;
+  std::optional<at::Tensor> grad_sum;
+};
+
+inline AddGrads add_upstream_grads(const torch::autograd::variable_list& grads,
+                                   const at::Tensor& x) {
+  return {grads[0].defined() ? grads[0] : at::zeros_like(x),
+          grads[1].defined() ? std::optional<at::Tensor>(grads[1]) : std::nullopt};
 }
 
 }  // namespace fusionlab_cpu
