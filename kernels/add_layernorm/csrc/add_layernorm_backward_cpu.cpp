@@ -32,48 +32,35 @@ Triple add_layer_norm_cpu_backward_fused(const at::Tensor& grad_y,
                                          const at::Tensor& weight, const at::Tensor& bias,
                                          double eps, int64_t rows_per_task) {
   constexpr const char* kOp = "fusionlab::add_layer_norm_cpu_backward_fused";
-  const bool has_grad_sum = grad_residual_out.has_value() && grad_residual_out->defined();
   const AddBackwardInputs in =
-      add_backward_inputs(kOp, grad_y, has_grad_sum ? *grad_residual_out : grad_y, x, residual,
-                          weight, rows_per_task);
+      add_backward_inputs(kOp, grad_y, grad_residual_out, x, residual, weight, rows_per_task);
   TORCH_CHECK(bias.device().is_cpu() && bias.sizes() == weight.sizes() &&
                   is_supported_dtype(bias.scalar_type()),
               kOp, ": bias must be a CPU tensor of weight's shape in float32, bfloat16 or "
               "float16, got ", bias.sizes(), " ", bias.scalar_type());
   NormGrads grads = empty_grads(x, weight, &bias);
-  std::vector<float> w_widened;
-  const at::Tensor w_in = weight.contiguous();
-  const float* w = widen_to_float(w_in, w_widened);
+  const Fp32Param w_param(weight);
+  const float* w = w_param.data();
   const int64_t n = in.hidden;
   const float eps_f = static_cast<float>(eps);
   AT_DISPATCH_V2(x.scalar_type(), "add_layer_norm_cpu_backward_fused", AT_WRAP([&] {
-    const scalar_t* x_ptr = in.x.const_data_ptr<scalar_t>();
-    const scalar_t* r_ptr = in.residual.const_data_ptr<scalar_t>();
-    const scalar_t* g_ptr = in.grad_y.const_data_ptr<scalar_t>();
-    const scalar_t* gs_ptr = has_grad_sum ? in.grad_sum.const_data_ptr<scalar_t>() : nullptr;
+    const AddBackwardRows<scalar_t> rows(in);
     scalar_t* dx_ptr = grads.x.mutable_data_ptr<scalar_t>();
     sum_param_grads(in.rows, n, rows_per_task, grads, [&](int64_t row, float* dw, float* db) {
       const int64_t at = row * n;
-      layer_norm_backward_row(SumOf<scalar_t>{x_ptr + at, r_ptr + at}, g_ptr + at,
-                              gs_ptr != nullptr ? gs_ptr + at : nullptr, w, dx_ptr + at, dw, db,
-                              n, eps_f);
+      layer_norm_backward_row(rows.sum(at), rows.grad_y + at, rows.g_sum(at), w, dx_ptr + at, dw,
+                              db, n, eps_f);
     });
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return {grads.x, grads.weight, grads.bias};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // add_layer_norm_cpu itself (add_layernorm_cpu.cpp, loaded first by
 // kernels/add_layernorm/cpu_backward.py).
-const auto& forward_op() {
-  static const auto op =
-      find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                   double, int64_t, c10::string_view, c10::string_view, int64_t)>(
-          "fusionlab::add_layer_norm_cpu");
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   double, int64_t, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::add_layer_norm_cpu">;
 
 class AddLayerNormFusedGradFunction
     : public torch::autograd::Function<AddLayerNormFusedGradFunction> {
@@ -95,10 +82,10 @@ class AddLayerNormFusedGradFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<Triple(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
-                       const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                       int64_t)>("fusionlab::add_layer_norm_cpu_backward_fused");
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t),
+                  "fusionlab::add_layer_norm_cpu_backward_fused">();
     const variable_list saved = ctx->get_saved_variables();
     const AddGrads upstream = add_upstream_grads(grads, saved[0]);
     auto [grad_total, grad_weight, grad_bias] = backward_op.call(

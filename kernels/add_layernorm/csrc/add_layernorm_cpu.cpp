@@ -22,6 +22,7 @@
 namespace {
 
 using namespace fusionlab_cpu;
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 struct Rows {
   int64_t rows, hidden, x_stride, r_stride;
@@ -121,38 +122,29 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(
   const StridedRows x_src = strided_rows(x), r_src = strided_rows(residual);
   const Rows g{x.numel() / hidden, hidden, x_src.stride, r_src.stride};
 
-  const at::Tensor w_in = weight.contiguous(), b_in = bias.contiguous();
-  std::vector<float> w_widened, b_widened;
-  const float* w = widen_to_float(w_in, w_widened);
-  const float* b = widen_to_float(b_in, b_widened);
+  const Fp32Param w_param(weight), b_param(bias);
+  const float* w = w_param.data();
+  const float* b = b_param.data();
   const float eps_f = static_cast<float>(eps);
+  const bool stream = streams(out, store_kind) && streams(res, store_kind);
   AT_DISPATCH_V2(x.scalar_type(), "add_layer_norm_cpu", AT_WRAP([&] {
-    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
-    scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
-    const int64_t size = sizeof(scalar_t);
-    const bool stream = should_stream(out_ptr, hidden, size, out.nbytes(), store_kind) &&
-                        should_stream(res_ptr, hidden, size, res.nbytes(), store_kind);
     with_flags([&](auto streamed, auto shifted, auto grouped) {
       constexpr Stats kStats = shifted ? Stats::kShifted : Stats::kWelford;
       add_layer_norm_rows<streamed, kStats, grouped ? kRowGroup : 1>(
           x_src.tensor.const_data_ptr<scalar_t>(), r_src.tensor.const_data_ptr<scalar_t>(), w, b,
-          out_ptr, res_ptr, g, eps_f, rows_per_task);
+          out.mutable_data_ptr<scalar_t>(), res.mutable_data_ptr<scalar_t>(), g, eps_f,
+          rows_per_task);
     }, stream, stats_kind == Stats::kShifted, row_group == kRowGroup);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return {out, res};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using Pair = std::tuple<at::Tensor, at::Tensor>;
 
-const auto& forward_op() {
-  static const auto op =
-      find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                   double, int64_t, c10::string_view, c10::string_view, int64_t)>(
-          "fusionlab::add_layer_norm_cpu");
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   double, int64_t, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::add_layer_norm_cpu">;
 
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
  public:
@@ -172,10 +164,10 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw,
     // dL/db.
-    static const auto backward_op =
-        find_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-            const at::Tensor&, const at::Tensor&, double)>("fusionlab::add_layer_norm_backward");
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, double),
+                  "fusionlab::add_layer_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_total, grad_weight, grad_bias] =
         backward_op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],

@@ -29,48 +29,38 @@ Pair add_rms_norm_cpu_backward_fused(const at::Tensor& grad_y,
                                      const at::Tensor& x, const at::Tensor& residual,
                                      const at::Tensor& weight, double eps, double offset,
                                      bool round_sum, int64_t rows_per_task) {
-  const bool has_grad_sum = grad_residual_out.has_value() && grad_residual_out->defined();
-  const AddBackwardInputs in = add_backward_inputs(
-      "fusionlab::add_rms_norm_cpu_backward_fused", grad_y,
-      has_grad_sum ? *grad_residual_out : grad_y, x, residual, weight, rows_per_task);
+  const AddBackwardInputs in =
+      add_backward_inputs("fusionlab::add_rms_norm_cpu_backward_fused", grad_y,
+                          grad_residual_out, x, residual, weight, rows_per_task);
   NormGrads grads = empty_grads(x, weight, nullptr);
-  std::vector<float> w_widened;
-  const at::Tensor w_in = weight.contiguous();
-  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
+  const Fp32Param w_param(weight, static_cast<float>(offset));
+  const float* w = w_param.data();
   const float eps_f = static_cast<float>(eps);
   const int64_t n = in.hidden;
   AT_DISPATCH_V2(x.scalar_type(), "add_rms_norm_cpu_backward_fused", AT_WRAP([&] {
-    const scalar_t* x_ptr = in.x.const_data_ptr<scalar_t>();
-    const scalar_t* r_ptr = in.residual.const_data_ptr<scalar_t>();
-    const scalar_t* g_ptr = in.grad_y.const_data_ptr<scalar_t>();
-    const scalar_t* gs_ptr = has_grad_sum ? in.grad_sum.const_data_ptr<scalar_t>() : nullptr;
+    const AddBackwardRows<scalar_t> rows(in);
     scalar_t* dx_ptr = grads.x.mutable_data_ptr<scalar_t>();
     sum_param_grads(in.rows, n, rows_per_task, grads, [&](int64_t row, float* dw, float*) {
       const int64_t at = row * n;
-      const scalar_t* gs = gs_ptr != nullptr ? gs_ptr + at : nullptr;
+      const SumOf<scalar_t> sum = rows.sum(at);
       if (round_sum) {
-        rms_norm_backward_row(RoundedSumOf<scalar_t>{x_ptr + at, r_ptr + at}, g_ptr + at, gs, w,
-                              dx_ptr + at, dw, n, eps_f);
+        rms_norm_backward_row(RoundedSumOf<scalar_t>{sum.x, sum.r}, rows.grad_y + at,
+                              rows.g_sum(at), w, dx_ptr + at, dw, n, eps_f);
       } else {
-        rms_norm_backward_row(SumOf<scalar_t>{x_ptr + at, r_ptr + at}, g_ptr + at, gs, w,
-                              dx_ptr + at, dw, n, eps_f);
+        rms_norm_backward_row(sum, rows.grad_y + at, rows.g_sum(at), w, dx_ptr + at, dw, n,
+                              eps_f);
       }
     });
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return {grads.x, grads.weight};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // add_rms_norm_cpu itself (add_rmsnorm_cpu.cpp, loaded first by
 // kernels/add_rmsnorm/cpu_backward.py).
-const auto& forward_op() {
-  static const auto op =
-      find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
-                   c10::string_view, double, c10::string_view)>("fusionlab::add_rms_norm_cpu");
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                   c10::string_view, double, c10::string_view),
+              "fusionlab::add_rms_norm_cpu">;
 
 class AddRMSNormFusedGradFunction
     : public torch::autograd::Function<AddRMSNormFusedGradFunction> {
@@ -93,10 +83,10 @@ class AddRMSNormFusedGradFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<Pair(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
-                     const at::Tensor&, const at::Tensor&, double, double, bool, int64_t)>(
-            "fusionlab::add_rms_norm_cpu_backward_fused");
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const std::optional<at::Tensor>&, const at::Tensor&,
+                       const at::Tensor&, const at::Tensor&, double, double, bool, int64_t),
+                  "fusionlab::add_rms_norm_cpu_backward_fused">();
     const variable_list saved = ctx->get_saved_variables();
     const AddGrads upstream = add_upstream_grads(grads, saved[0]);
     auto [grad_total, grad_weight] = backward_op.call(

@@ -192,22 +192,18 @@ Paths parse_paths(const char* op, int64_t rows_per_task, c10::string_view store,
 void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, at::Tensor& out,
          at::Tensor& res, const Rows& g, double eps, const Paths& paths, Casting casting,
          double offset) {
-  const at::Tensor w_in = weight.contiguous();
-  std::vector<float> w_widened;
-  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
+  const Fp32Param w_param(weight, static_cast<float>(offset));
+  const float* w = w_param.data();
   const float eps_f = static_cast<float>(eps);
+  const bool stream = streams(out, paths.store) && streams(res, paths.store);
+  const int64_t grain =
+      grain_rows(paths.rows_per_task, paths.task_bytes, g.hidden * x.element_size());
   AT_DISPATCH_V2(x.scalar_type(), "add_rms_norm_cpu", AT_WRAP([&] {
-    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
-    scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
-    const int64_t size = sizeof(scalar_t);
-    const bool stream = should_stream(out_ptr, g.hidden, size, out.nbytes(), paths.store) &&
-                        should_stream(res_ptr, g.hidden, size, res.nbytes(), paths.store);
-    const int64_t grain = grain_rows(paths.rows_per_task, paths.task_bytes, g.hidden * size);
     // round_normed ("llama") implies round_sum.
     with_flags([&](auto streamed, auto round_sum, auto round_normed, auto one_pass) {
       add_rms_norm_rows<streamed, round_sum || round_normed, round_normed, one_pass>(
-          x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w, out_ptr, res_ptr,
-          g, eps_f, grain);
+          x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w,
+          out.mutable_data_ptr<scalar_t>(), res.mutable_data_ptr<scalar_t>(), g, eps_f, grain);
     }, stream, casting.round_sum, casting.round_normed, paths.passes == Passes::kOne);
   }), at::kFloat, at::kBFloat16, at::kHalf);
 }
@@ -274,17 +270,12 @@ void add_rms_norm_cpu_(const at::Tensor& x, const at::Tensor& residual, const at
   }
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using Pair = std::tuple<at::Tensor, at::Tensor>;
 
-const auto& forward_op() {
-  static const auto op =
-      find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
-                   c10::string_view, double, c10::string_view, c10::string_view, int64_t)>(
-          "fusionlab::add_rms_norm_cpu", "paths");
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                   c10::string_view, double, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::add_rms_norm_cpu", "paths">;
 
 class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> {
  public:
@@ -306,9 +297,10 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw.
-    static const auto backward_op =
-        find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                     const at::Tensor&, double, double, bool)>("fusionlab::add_rms_norm_backward");
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&, double, double, bool),
+                  "fusionlab::add_rms_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_total, grad_weight] = backward_op.call(
         grads[0], grads[1], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(),

@@ -121,6 +121,28 @@ inline at::Tensor empty_cpu_like(const at::Tensor& t) {
   return at::detail::empty_cpu(t.sizes(), t.scalar_type());
 }
 
+// Whether `out` (rows of out.size(-1)) is written with non-temporal stores (should_stream).
+inline bool streams(const at::Tensor& out, StoreKind kind) {
+  return should_stream(out.data_ptr(), out.size(-1), out.element_size(), out.nbytes(), kind);
+}
+
+// A 1-D parameter (weight, bias) as fp32, plus `offset` (widen_to_float), with what data() points
+// into: the parameter made contiguous, or its widened copy.
+class Fp32Param {
+ public:
+  explicit Fp32Param(const at::Tensor& param, float offset = 0.f)
+      : contiguous_(param.contiguous()), data_(widen_to_float(contiguous_, widened_, offset)) {}
+  Fp32Param(const Fp32Param&) = delete;
+  Fp32Param& operator=(const Fp32Param&) = delete;
+
+  const float* data() const { return data_; }
+
+ private:
+  at::Tensor contiguous_;
+  std::vector<float> widened_;
+  const float* data_;
+};
+
 // x's rows, `stride` elements apart: x itself where its layout has one stride between all rows
 // (uniform_row_stride), else a contiguous copy.
 struct StridedRows {

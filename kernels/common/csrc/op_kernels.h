@@ -7,6 +7,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <tuple>
@@ -15,10 +16,25 @@
 
 namespace fusionlab_cpu {
 
-// The typed handle of op `name` (e.g. "fusionlab::rms_norm_cpu") and its `overload`.
-template <typename Signature>
-c10::TypedOperatorHandle<Signature> find_op(const char* name, const char* overload = "") {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).typed<Signature>();
+// What the ops' autograd Functions take and return.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// An op's name (or overload name) as a template argument.
+template <std::size_t N>
+struct OpName {
+  constexpr OpName(const char (&text)[N]) { std::copy_n(text, N, chars); }  // NOLINT: implicit
+  char chars[N];
+};
+
+// The typed handle of op kName (e.g. "fusionlab::rms_norm_cpu") and its overload kOverload, found
+// in the dispatcher on first use and kept: op_handle<Signature, "fusionlab::x">().call(...).
+template <typename Signature, OpName kName, OpName kOverload = "">
+const c10::TypedOperatorHandle<Signature>& op_handle() {
+  static const auto handle = c10::Dispatcher::singleton()
+                                 .findSchemaOrThrow(kName.chars, kOverload.chars)
+                                 .template typed<Signature>();
+  return handle;
 }
 
 // An argument as an autograd Function keeps it: a string view becomes the string it views.

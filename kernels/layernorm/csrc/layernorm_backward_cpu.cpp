@@ -38,9 +38,8 @@ Triple layer_norm_backward(const at::Tensor& grad_y, const at::Tensor& x, const 
   // Any layout is accepted; a non-contiguous one is copied once.
   const at::Tensor x_in = x.contiguous();
   const at::Tensor g_in = grad_y.contiguous();
-  std::vector<float> w_widened;
-  const at::Tensor w_in = weight.contiguous();
-  const float* w = widen_to_float(w_in, w_widened);
+  const Fp32Param w_param(weight);
+  const float* w = w_param.data();
   const float eps_f = static_cast<float>(eps);
   const bool saved = mean != nullptr;
   const at::Tensor mean_in = saved ? mean->contiguous() : at::Tensor();
@@ -90,18 +89,12 @@ Triple layer_norm_cpu_backward_saved(const at::Tensor& grad_y, const at::Tensor&
   return layer_norm_backward(grad_y, x, weight, bias, 0.0, rows_per_task, &mean, &rstd);
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 using ForwardSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                     double, int64_t, c10::string_view, c10::string_view,
                                     int64_t);
 
 // layer_norm_cpu itself (layernorm_cpu.cpp, loaded first by kernels/layernorm/cpu_backward.py).
-const auto& forward_op() {
-  static const auto op = find_op<ForwardSignature>("fusionlab::layer_norm_cpu");
-  return op;
-}
+constexpr auto forward_op = op_handle<ForwardSignature, "fusionlab::layer_norm_cpu">;
 
 class LayerNormFusedGradFunction : public torch::autograd::Function<LayerNormFusedGradFunction> {
  public:
@@ -118,10 +111,10 @@ class LayerNormFusedGradFunction : public torch::autograd::Function<LayerNormFus
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                       const at::Tensor&, double, int64_t)>(
-            "fusionlab::layer_norm_cpu_backward_fused");
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         double, int64_t),
+                  "fusionlab::layer_norm_cpu_backward_fused">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] =
         backward_op.call(grads[0], saved[0], saved[1], saved[2],
@@ -150,13 +143,10 @@ at::Tensor layer_norm_cpu_fused_grad_autograd(c10::DispatchKeySet keys, const at
 }
 
 // layer_norm_cpu_stats (layernorm_cpu.cpp): y and each row's mean and r, which the backward reads.
-const auto& stats_op() {
-  static const auto op =
-      find_op<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
-                     c10::string_view, c10::string_view, int64_t)>(
-          "fusionlab::layer_norm_cpu_stats");
-  return op;
-}
+constexpr auto stats_op =
+    op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                     c10::string_view, c10::string_view, int64_t),
+              "fusionlab::layer_norm_cpu_stats">;
 
 class LayerNormSavedStatsFunction
     : public torch::autograd::Function<LayerNormSavedStatsFunction> {
@@ -176,10 +166,10 @@ class LayerNormSavedStatsFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                       const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>(
-            "fusionlab::layer_norm_cpu_backward_saved");
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, int64_t),
+                  "fusionlab::layer_norm_cpu_backward_saved">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] =
         backward_op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],

@@ -21,6 +21,7 @@
 namespace {
 
 using namespace fusionlab_cpu;
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 // kGroup rows at x (rows `stride` apart), normalised together: the statistics of each row, then
 // one sweep over the columns that loads each block of weight and bias once for all kGroup rows
@@ -120,22 +121,19 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const 
   float* rstd_ptr = save_stats ? rstd->mutable_data_ptr<float>() : nullptr;
   const StridedRows src = strided_rows(x);
 
-  const at::Tensor w_in = weight.contiguous(), b_in = bias.contiguous();
-  std::vector<float> w_widened, b_widened;
-  const float* w = widen_to_float(w_in, w_widened);
-  const float* b = widen_to_float(b_in, b_widened);
+  const Fp32Param w_param(weight), b_param(bias);
+  const float* w = w_param.data();
+  const float* b = b_param.data();
 
   const float eps_f = static_cast<float>(eps);
+  const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * x.element_size());
   AT_DISPATCH_V2(x.scalar_type(), "layer_norm_cpu", AT_WRAP([&] {
-    const scalar_t* x_ptr = src.tensor.const_data_ptr<scalar_t>();
-    scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
-    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * sizeof(scalar_t));
     with_flags([&](auto streamed, auto shifted, auto grouped) {
       constexpr Stats kStats = shifted ? Stats::kShifted : Stats::kWelford;
       layer_norm_rows<streamed, kStats, grouped ? kRowGroup : 1>(
-          x_ptr, src.stride, w, b, y_ptr, rows, hidden, eps_f, grain, mean_ptr, rstd_ptr);
-    }, stream, stats_kind == Stats::kShifted, row_group == kRowGroup);
+          src.tensor.const_data_ptr<scalar_t>(), src.stride, w, b, y.mutable_data_ptr<scalar_t>(),
+          rows, hidden, eps_f, grain, mean_ptr, rstd_ptr);
+    }, streams(y, store_kind), stats_kind == Stats::kShifted, row_group == kRowGroup);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
 }
@@ -165,17 +163,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_stats(
   return {y, mean, rstd};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // layer_norm_cpu.paths, which both overloads redispatch to below autograd.
-const auto& forward_op() {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                         int64_t, c10::string_view, c10::string_view, int64_t, int64_t)>(
-          "fusionlab::layer_norm_cpu", "paths");
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                         c10::string_view, c10::string_view, int64_t, int64_t),
+              "fusionlab::layer_norm_cpu", "paths">;
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
@@ -193,10 +185,10 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // Registered by kernels/norm_grads.py.
-    static const auto backward_op =
-        find_op<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-            double)>("fusionlab::layer_norm_backward");
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         double),
+                  "fusionlab::layer_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] = backward_op.call(
         grads[0], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble());

@@ -35,9 +35,8 @@ Pair rms_norm_backward(const at::Tensor& grad_y, const at::Tensor& x, const at::
   // Any layout is accepted; a non-contiguous one is copied once.
   const at::Tensor x_in = x.contiguous();
   const at::Tensor g_in = grad_y.contiguous();
-  std::vector<float> w_widened;
-  const at::Tensor w_in = weight.contiguous();
-  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
+  const Fp32Param w_param(weight, static_cast<float>(offset));
+  const float* w = w_param.data();
   const float eps_f = static_cast<float>(eps);
   const at::Tensor rstd_in = rstd == nullptr ? at::Tensor() : rstd->contiguous();
   const float* rstd_ptr = rstd == nullptr ? nullptr : rstd_in.const_data_ptr<float>();
@@ -80,17 +79,11 @@ Pair rms_norm_cpu_backward_saved(const at::Tensor& grad_y, const at::Tensor& x,
   return rms_norm_backward(grad_y, x, weight, 0.0, offset, rows_per_task, &rstd);
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 using ForwardSignature = at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t,
                                     c10::string_view, double, c10::string_view);
 
 // rms_norm_cpu itself (rmsnorm_cpu.cpp, loaded first by kernels/rmsnorm/cpu_backward.py).
-const auto& forward_op() {
-  static const auto op = find_op<ForwardSignature>("fusionlab::rms_norm_cpu");
-  return op;
-}
+constexpr auto forward_op = op_handle<ForwardSignature, "fusionlab::rms_norm_cpu">;
 
 class RMSNormFusedGradFunction : public torch::autograd::Function<RMSNormFusedGradFunction> {
  public:
@@ -107,9 +100,10 @@ class RMSNormFusedGradFunction : public torch::autograd::Function<RMSNormFusedGr
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
-                     int64_t)>("fusionlab::rms_norm_cpu_backward_fused");
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double,
+                       int64_t),
+                  "fusionlab::rms_norm_cpu_backward_fused">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight] = backward_op.call(
         grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
@@ -135,12 +129,10 @@ at::Tensor rms_norm_cpu_fused_grad_autograd(c10::DispatchKeySet keys, const at::
 }
 
 // rms_norm_cpu_stats (rmsnorm_cpu.cpp): y and each row's r, which the backward reads.
-const auto& stats_op() {
-  static const auto op = find_op<Pair(const at::Tensor&, const at::Tensor&, double, int64_t,
-                                      c10::string_view, double, c10::string_view)>(
-      "fusionlab::rms_norm_cpu_stats");
-  return op;
-}
+constexpr auto stats_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view, double,
+                   c10::string_view),
+              "fusionlab::rms_norm_cpu_stats">;
 
 class RMSNormSavedStatsFunction : public torch::autograd::Function<RMSNormSavedStatsFunction> {
  public:
@@ -159,9 +151,10 @@ class RMSNormSavedStatsFunction : public torch::autograd::Function<RMSNormSavedS
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                     double, int64_t)>("fusionlab::rms_norm_cpu_backward_saved");
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       double, int64_t),
+                  "fusionlab::rms_norm_cpu_backward_saved">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight] = backward_op.call(
         grads[0], saved[0], saved[1], saved[2], ctx->saved_data["offset"].toDouble(),

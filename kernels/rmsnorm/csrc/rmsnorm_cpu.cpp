@@ -21,6 +21,7 @@
 namespace {
 
 using namespace fusionlab_cpu;
+using Pair = std::tuple<at::Tensor, at::Tensor>;
 
 // x (of type S: T, or the fp32 row buffer of a one-pass task) is read twice; x_next is the row
 // processed after this one (or x itself): it is prefetched during pass 2.
@@ -115,22 +116,19 @@ at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double e
 
   const StridedRows src = strided_rows(x);
 
-  const at::Tensor w_in = weight.contiguous();
-  std::vector<float> w_widened;
-  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
+  const Fp32Param w_param(weight, static_cast<float>(offset));
+  const float* w = w_param.data();
 
   const float eps_f = static_cast<float>(eps);
+  const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * x.element_size());
   AT_DISPATCH_V2(x.scalar_type(), "rms_norm_cpu", AT_WRAP([&] {
-    const scalar_t* x_ptr = src.tensor.const_data_ptr<scalar_t>();
-    scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
-    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * sizeof(scalar_t));
     // Casting "none" sums fast; a module's numerics ("llama", "gemma") also mean its order of
     // summing (round_normed, "llama", implies it).
     with_flags([&](auto streamed, auto rounded, auto torch_order, auto one_pass) {
       rms_norm_rows<streamed, rounded, torch_order || rounded, one_pass>(
-          x_ptr, src.stride, w, y_ptr, rows, hidden, eps_f, grain, rstd_ptr);
-    }, stream, round_normed, casting != "none", passes_kind == Passes::kOne);
+          src.tensor.const_data_ptr<scalar_t>(), src.stride, w, y.mutable_data_ptr<scalar_t>(),
+          rows, hidden, eps_f, grain, rstd_ptr);
+    }, streams(y, store_kind), round_normed, casting != "none", passes_kind == Passes::kOne);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
 }
@@ -160,18 +158,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_stats(
   return {y, rstd};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // The op as typed handles: the forward with every path argument (rms_norm_cpu.paths, which both
 // overloads redispatch to below autograd) and its backward, which kernels/norm_grads.py registers.
-const auto& forward_op() {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view,
-                         double, c10::string_view, c10::string_view, int64_t)>(
-          "fusionlab::rms_norm_cpu", "paths");
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view,
+                         double, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::rms_norm_cpu", "paths">;
 
 class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
  public:
@@ -189,10 +181,9 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        find_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                   const at::Tensor&, double, double)>(
-            "fusionlab::rms_norm_backward");
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double),
+                  "fusionlab::rms_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight] =
         backward_op.call(grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
