@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, norm_grads
+from fusionlab.kernels.common.backward_headers import FORWARD_HEADERS
 from fusionlab.kernels.layernorm import cpu_cpp as layernorm_cpp
 
 TUNABLES = layernorm_cpp.TUNABLES
@@ -22,6 +23,7 @@ _SOURCES = (Path(__file__).parent / "csrc" / "add_layernorm_cpu.cpp",)
 _HEADERS = (
     Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",
     Path(__file__).parents[1] / "layernorm" / "csrc" / "welford_moments.h",
+    *FORWARD_HEADERS,
 )
 OP_NAME = "fusionlab::add_layer_norm_cpu"
 Pair = tuple[torch.Tensor, torch.Tensor]

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, cpu_store, norm_grads
+from fusionlab.kernels.common.backward_headers import FORWARD_HEADERS
 
 INPLACE_TUNABLES: dict[str, tuple[int | str, ...]] = {
     "rows_per_task": (1, 4, 16, 64),
@@ -29,8 +30,8 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
 }
 
 _SOURCES = (Path(__file__).parent / "csrc" / "add_rmsnorm_cpu.cpp",)
-_HEADERS = tuple(Path(__file__).parents[1] / "rmsnorm" / "csrc" / name
-                 for name in ("cpu_norm_common.h", "torch_order_sum.h"))
+_HEADERS = (*(Path(__file__).parents[1] / "rmsnorm" / "csrc" / name
+               for name in ("cpu_norm_common.h", "torch_order_sum.h")), *FORWARD_HEADERS)
 OP_NAME = "fusionlab::add_rms_norm_cpu"
 INPLACE_OP_NAME = "fusionlab::add_rms_norm_cpu_"
 Pair = tuple[torch.Tensor, torch.Tensor]

@@ -1,5 +1,6 @@
-"""The C++ headers of the fused CPU backwards: those they share (kernels/common/csrc) and the
-forward headers they include. cpp_build puts each header's folder on the include path."""
+"""The C++ headers the CPU ops share (kernels/common/csrc): those of the forwards, and those of
+the fused backwards with the forward headers they include. cpp_build puts each header's folder on
+the include path."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ from pathlib import Path
 _CSRC = Path(__file__).parent / "csrc"
 _KERNELS = Path(__file__).parents[1]
 WELFORD_MOMENTS = _KERNELS / "layernorm" / "csrc" / "welford_moments.h"
-NORM_BACKWARD = (_KERNELS / "rmsnorm" / "csrc" / "cpu_norm_common.h",
-                 _CSRC / "norm_backward_partials.h")
-"""What every fused backward includes: the CPU helpers and the fixed-order partial sums."""
-ADD_NORM_BACKWARD = (*NORM_BACKWARD, _CSRC / "add_norm_backward.h",
-                     _CSRC / "norm_backward_rows.h", WELFORD_MOMENTS)
-"""The add kernels' backwards: also the per-row gradients and the add's rows."""
+OP_KERNELS = _CSRC / "op_kernels.h"
+"""What every C++ op file includes: op handles, the Autograd kernels' body, registration."""
+NORM_ARGS = _CSRC / "norm_args.h"
+FORWARD_HEADERS = (OP_KERNELS, NORM_ARGS, _CSRC / "static_flags.h")
+"""What every forward also includes: the argument checks, and flags made template arguments."""
+NORM_BACKWARD = (_KERNELS / "rmsnorm" / "csrc" / "cpu_norm_common.h", OP_KERNELS, NORM_ARGS,
+                 _CSRC / "norm_backward_partials.h",
+                 _CSRC / "norm_backward_rows.h", WELFORD_MOMENTS)
+"""What every fused backward includes: the CPU helpers, the argument checks, the fixed-order
+partial sums and the per-row gradients (with the rows of welford_moments.h)."""
+ADD_NORM_BACKWARD = (*NORM_BACKWARD, _CSRC / "add_norm_backward.h")
+"""The add kernels' backwards: also their inputs' checks."""

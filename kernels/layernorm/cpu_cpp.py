@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, cpu_store, norm_grads
+from fusionlab.kernels.common.backward_headers import FORWARD_HEADERS
 
 TUNABLES: dict[str, tuple[int | str, ...]] = {
     "rows_per_task": (1, 4, 16, 64),
@@ -26,6 +27,7 @@ _SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
 _HEADERS = (
     Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",
     Path(__file__).parent / "csrc" / "welford_moments.h",
+    *FORWARD_HEADERS,
 )
 OP_NAME = "fusionlab::layer_norm_cpu"
 _op: Callable[..., torch.Tensor] | None = None

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, cpu_store, norm_grads
+from fusionlab.kernels.common.backward_headers import FORWARD_HEADERS
 
 ROWS_PER_TASK_CHOICES: tuple[int, ...] = (1, 4, 16, 64)
 TUNABLES: dict[str, tuple[int | str, ...]] = {
@@ -24,7 +25,7 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = (_CSRC / "rmsnorm_cpu.cpp",)
-_HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "torch_order_sum.h")
+_HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "torch_order_sum.h", *FORWARD_HEADERS)
 OP_NAME = "fusionlab::rms_norm_cpu"
 _op: Callable[..., torch.Tensor] | None = None
 

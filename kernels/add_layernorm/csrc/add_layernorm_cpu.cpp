@@ -8,12 +8,12 @@
 // Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
+#include "norm_args.h"
+#include "op_kernels.h"
+#include "static_flags.h"
 #include "welford_moments.h"
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <string>
@@ -22,6 +22,7 @@
 namespace {
 
 using namespace fusionlab_cpu;
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 struct Rows {
   int64_t rows, hidden, x_stride, r_stride;
@@ -104,99 +105,46 @@ void add_layer_norm_rows(const T* x, const T* r, const float* w, const float* b,
   });
 }
 
-// The instantiation for this call's store kind, statistics and row group.
-template <typename T>
-auto add_layer_norm_rows_for(bool stream, Stats stats, int64_t row_group) {
-  using Fn = decltype(&add_layer_norm_rows<false, Stats::kWelford, 1, T>);
-  static constexpr Fn table[2][2][2] = {
-      {{add_layer_norm_rows<false, Stats::kWelford, 1, T>,
-        add_layer_norm_rows<false, Stats::kWelford, kRowGroup, T>},
-       {add_layer_norm_rows<false, Stats::kShifted, 1, T>,
-        add_layer_norm_rows<false, Stats::kShifted, kRowGroup, T>}},
-      {{add_layer_norm_rows<true, Stats::kWelford, 1, T>,
-        add_layer_norm_rows<true, Stats::kWelford, kRowGroup, T>},
-       {add_layer_norm_rows<true, Stats::kShifted, 1, T>,
-        add_layer_norm_rows<true, Stats::kShifted, kRowGroup, T>}}};
-  return table[stream][stats == Stats::kShifted][row_group == kRowGroup];
-}
-
-void check_arguments(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                     const at::Tensor& bias, double eps, int64_t rows_per_task) {
-  const char* op = "fusionlab::add_layer_norm_cpu";
-  TORCH_CHECK(x.device().is_cpu() && residual.device().is_cpu() && weight.device().is_cpu() &&
-                  bias.device().is_cpu(),
-              op, ": x, residual, weight and bias must be CPU tensors, got ", x.device(), ", ",
-              residual.device(), ", ", weight.device(), " and ", bias.device());
-  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dim");
-  TORCH_CHECK(residual.sizes() == x.sizes(), op, ": residual must have x's shape ", x.sizes(),
-              ", got ", residual.sizes());
-  const int64_t hidden = x.size(-1);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden && bias.dim() == 1 &&
-                  bias.size(0) == hidden,
-              op, ": weight and bias must be 1-D of size ", hidden, " (x.size(-1)), got shapes ",
-              weight.sizes(), " and ", bias.sizes());
-  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()) &&
-                  is_supported_dtype(bias.scalar_type()),
-              op, ": dtypes must be float32, bfloat16 or float16, got x ", x.scalar_type(),
-              ", weight ", weight.scalar_type(), " and bias ", bias.scalar_type());
-  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), op,
-              ": residual must have x's dtype ", x.scalar_type(), ", got ",
-              residual.scalar_type());
-  TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
-  TORCH_CHECK(rows_per_task >= 1, op, ": rows_per_task must be >= 1, got ", rows_per_task);
-}
-
 std::tuple<at::Tensor, at::Tensor> add_layer_norm_cpu(
     const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
     const at::Tensor& bias, double eps, int64_t rows_per_task, c10::string_view store,
     c10::string_view stats, int64_t row_group) {
-  check_arguments(x, residual, weight, bias, eps, rows_per_task);
-  const StoreKind store_kind = parse_store(store, "fusionlab::add_layer_norm_cpu");
-  const Stats stats_kind = parse_stats(stats, "fusionlab::add_layer_norm_cpu");
-  check_row_group(row_group, "fusionlab::add_layer_norm_cpu");
-  // Allocated without the dispatcher so a profiled call is a single op record.
-  at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
-  at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  const char* op = "fusionlab::add_layer_norm_cpu";
+  check_forward_args(op, {x, &residual, weight, &bias}, eps, rows_per_task);
+  const StoreKind store_kind = parse_store(store, op);
+  const Stats stats_kind = parse_stats(stats, op);
+  check_row_group(row_group, op);
+  at::Tensor out = empty_cpu_like(x), res = empty_cpu_like(x);
   if (x.numel() == 0) {
     return {out, res};
   }
   const int64_t hidden = x.size(-1);
-  const std::optional<int64_t> x_stride = uniform_row_stride(x);
-  const std::optional<int64_t> r_stride = uniform_row_stride(residual);
-  const at::Tensor x_src = x_stride ? x : x.contiguous();
-  const at::Tensor r_src = r_stride ? residual : residual.contiguous();
-  const Rows g{x.numel() / hidden, hidden, x_stride.value_or(hidden), r_stride.value_or(hidden)};
+  const StridedRows x_src = strided_rows(x), r_src = strided_rows(residual);
+  const Rows g{x.numel() / hidden, hidden, x_src.stride, r_src.stride};
 
-  const at::Tensor w_in = weight.contiguous(), b_in = bias.contiguous();
-  std::vector<float> w_widened, b_widened;
-  const float* w = widen_to_float(w_in, w_widened);
-  const float* b = widen_to_float(b_in, b_widened);
+  const Fp32Param w_param(weight), b_param(bias);
+  const float* w = w_param.data();
+  const float* b = b_param.data();
   const float eps_f = static_cast<float>(eps);
+  const bool stream = streams(out, store_kind) && streams(res, store_kind);
   AT_DISPATCH_V2(x.scalar_type(), "add_layer_norm_cpu", AT_WRAP([&] {
-    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
-    scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
-    const int64_t size = sizeof(scalar_t);
-    const bool stream = should_stream(out_ptr, hidden, size, out.nbytes(), store_kind) &&
-                        should_stream(res_ptr, hidden, size, res.nbytes(), store_kind);
-    add_layer_norm_rows_for<scalar_t>(stream, stats_kind, row_group)(
-        x_src.const_data_ptr<scalar_t>(), r_src.const_data_ptr<scalar_t>(), w, b, out_ptr,
-        res_ptr, g, eps_f, rows_per_task);
+    with_flags([&](auto streamed, auto shifted, auto grouped) {
+      constexpr Stats kStats = shifted ? Stats::kShifted : Stats::kWelford;
+      add_layer_norm_rows<streamed, kStats, grouped ? kRowGroup : 1>(
+          x_src.tensor.const_data_ptr<scalar_t>(), r_src.tensor.const_data_ptr<scalar_t>(), w, b,
+          out.mutable_data_ptr<scalar_t>(), res.mutable_data_ptr<scalar_t>(), g, eps_f,
+          rows_per_task);
+    }, stream, stats_kind == Stats::kShifted, row_group == kRowGroup);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return {out, res};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using Pair = std::tuple<at::Tensor, at::Tensor>;
 
-const auto& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusionlab::add_layer_norm_cpu", "")
-          .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                      double, int64_t, c10::string_view, c10::string_view, int64_t)>();
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                   double, int64_t, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::add_layer_norm_cpu">;
 
 class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
  public:
@@ -216,12 +164,10 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw,
     // dL/db.
-    static const auto backward_op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("fusionlab::add_layer_norm_backward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                const at::Tensor&, const at::Tensor&, double)>();
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, double),
+                  "fusionlab::add_layer_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_total, grad_weight, grad_bias] =
         backward_op.call(grads[0], grads[1], saved[0], saved[1], saved[2], saved[3],
@@ -236,30 +182,18 @@ Pair add_layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
                                  const at::Tensor& bias, double eps, int64_t rows_per_task,
                                  c10::string_view store, c10::string_view stats,
                                  int64_t row_group) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, residual, weight, bias)) {
-    return forward_op().redispatch(below, x, residual, weight, bias, eps, rows_per_task, store,
-                                   stats, row_group);
-  }
-  variable_list outputs = AddLayerNormFunction::apply(
-      x, residual, weight, bias, eps, rows_per_task, std::string(store), std::string(stats),
-      row_group, below);
-  return {outputs[0], outputs[1]};
+  return redispatch_or_record<AddLayerNormFunction>(
+      keys, forward_op(), needs_grad(x, residual, weight, bias), x, residual, weight, bias, eps,
+      rows_per_task, store, stats, row_group);
 }
 
 }  // namespace
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("add_layer_norm_cpu(Tensor x, Tensor residual, Tensor weight, Tensor bias, float eps, "
-        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
-        "-> (Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
-  m.impl("add_layer_norm_cpu", &add_layer_norm_cpu);
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
-  m.impl("add_layer_norm_cpu", &add_layer_norm_cpu_autograd);
+  def_cpu_autograd(m,
+                   "add_layer_norm_cpu(Tensor x, Tensor residual, Tensor weight, Tensor bias, "
+                   "float eps, int rows_per_task, str store=\"auto\", str stats=\"welford\", "
+                   "int row_group=1) -> (Tensor, Tensor)",
+                   &add_layer_norm_cpu, &add_layer_norm_cpu_autograd);
 }

@@ -16,13 +16,13 @@
 // Shared helpers are in ../../rmsnorm/csrc/cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
+#include "norm_args.h"
+#include "op_kernels.h"
+#include "static_flags.h"
 #include "torch_order_sum.h"
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <string>
@@ -60,43 +60,6 @@ inline float add_scalar(T x, T r) {
   return kRoundSum ? round_scalar<T>(s) : s;
 }
 
-// Sum of the squares of s = x + r (in fp32) with four independent accumulators: several FMAs in
-// flight instead of one dependent chain.
-template <typename T>
-float fast_add_sum_sq(const T* x, const T* r, int64_t n) {
-  fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
-  int64_t i = 0;
-  for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
-    fVec a, b, c, d, ra, rb, rc, rd;
-    load_block(x + i, a, b);
-    load_block(x + i + kBlock, c, d);
-    load_block(r + i, ra, rb);
-    load_block(r + i + kBlock, rc, rd);
-    add_block<false, T>(a, b, ra, rb);
-    add_block<false, T>(c, d, rc, rd);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-    acc2 = at::vec::fmadd(c, c, acc2);
-    acc3 = at::vec::fmadd(d, d, acc3);
-  }
-  if (i + kBlock <= n) {
-    fVec a, b, ra, rb;
-    load_block(x + i, a, b);
-    load_block(r + i, ra, rb);
-    add_block<false, T>(a, b, ra, rb);
-    acc0 = at::vec::fmadd(a, a, acc0);
-    acc1 = at::vec::fmadd(b, b, acc1);
-    i += kBlock;
-  }
-  float sum_sq = at::vec::vec_reduce_all<float>(
-      [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
-  for (; i < n; ++i) {
-    const float s = add_scalar<false>(x[i], r[i]);
-    sum_sq += s * s;
-  }
-  return sum_sq;
-}
-
 // Stores one block of the sum s (as residual_out) and of the normalised output.
 template <bool kStream, bool kRoundNormed, typename T>
 inline void write_block(const fVec& sa, const fVec& sb, const fVec& vinv, const float* w, T* out,
@@ -129,7 +92,7 @@ void add_rms_norm_row(const T* x, const T* r, const T* x_next, const T* r_next, 
     }
     sum_sq = torch_order_sum_sq(scratch, n);
   } else {
-    sum_sq = fast_add_sum_sq(x, r, n);
+    sum_sq = fast_sum_sq_of(SumOf<T>{x, r}, n);
   }
   const float inv_rms = 1.f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
   const fVec vinv(inv_rms);
@@ -212,27 +175,6 @@ void add_rms_norm_rows(const T* x, const T* r, const float* w, T* out, T* res, c
   });
 }
 
-// The instantiation for this call's store kind, casting ("none", "gemma", "llama") and passes.
-template <typename T>
-auto add_rms_norm_rows_for(bool stream, Casting casting, Passes passes) {
-  using Fn = decltype(&add_rms_norm_rows<false, false, false, false, T>);
-  static constexpr Fn table[2][3][2] = {
-      {{add_rms_norm_rows<false, false, false, false, T>,
-        add_rms_norm_rows<false, false, false, true, T>},
-       {add_rms_norm_rows<false, true, false, false, T>,
-        add_rms_norm_rows<false, true, false, true, T>},
-       {add_rms_norm_rows<false, true, true, false, T>,
-        add_rms_norm_rows<false, true, true, true, T>}},
-      {{add_rms_norm_rows<true, false, false, false, T>,
-        add_rms_norm_rows<true, false, false, true, T>},
-       {add_rms_norm_rows<true, true, false, false, T>,
-        add_rms_norm_rows<true, true, false, true, T>},
-       {add_rms_norm_rows<true, true, true, false, T>,
-        add_rms_norm_rows<true, true, true, true, T>}}};
-  const int numerics = !casting.round_sum ? 0 : (casting.round_normed ? 2 : 1);
-  return table[stream][numerics][passes == Passes::kOne];
-}
-
 // How a call runs: rows_per_task and task_bytes (the grain), store kind, passes.
 struct Paths {
   int64_t rows_per_task, task_bytes;
@@ -246,46 +188,23 @@ Paths parse_paths(const char* op, int64_t rows_per_task, c10::string_view store,
   return {rows_per_task, task_bytes, parse_store(store, op), parse_passes(passes, op)};
 }
 
-void check_arguments(const char* op, const at::Tensor& x, const at::Tensor& residual,
-                     const at::Tensor& weight, double eps, int64_t rows_per_task) {
-  TORCH_CHECK(x.device().is_cpu() && residual.device().is_cpu() && weight.device().is_cpu(),
-              op, ": x, residual and weight must be CPU tensors, got ", x.device(), ", ",
-              residual.device(), " and ", weight.device());
-  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dim");
-  TORCH_CHECK(residual.sizes() == x.sizes(), op, ": residual must have x's shape ", x.sizes(),
-              ", got ", residual.sizes());
-  const int64_t hidden = x.size(-1);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden, op,
-              ": weight must be 1-D of size ", hidden, " (x.size(-1)), got shape ",
-              weight.sizes());
-  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()),
-              op, ": dtypes must be float32, bfloat16 or float16, got x ", x.scalar_type(),
-              " and weight ", weight.scalar_type());
-  TORCH_CHECK(residual.scalar_type() == x.scalar_type(), op,
-              ": residual must have x's dtype ", x.scalar_type(), ", got ",
-              residual.scalar_type());
-  TORCH_CHECK(eps >= 0.0, op, ": eps must be >= 0, got ", eps);
-  TORCH_CHECK(rows_per_task >= 1, op, ": rows_per_task must be >= 1, got ", rows_per_task);
-}
-
 // Runs the kernel from x and residual (rows at uniform strides) into out and res.
 void run(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, at::Tensor& out,
          at::Tensor& res, const Rows& g, double eps, const Paths& paths, Casting casting,
          double offset) {
-  const at::Tensor w_in = weight.contiguous();
-  std::vector<float> w_widened;
-  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
+  const Fp32Param w_param(weight, static_cast<float>(offset));
+  const float* w = w_param.data();
   const float eps_f = static_cast<float>(eps);
+  const bool stream = streams(out, paths.store) && streams(res, paths.store);
+  const int64_t grain =
+      grain_rows(paths.rows_per_task, paths.task_bytes, g.hidden * x.element_size());
   AT_DISPATCH_V2(x.scalar_type(), "add_rms_norm_cpu", AT_WRAP([&] {
-    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
-    scalar_t* res_ptr = res.mutable_data_ptr<scalar_t>();
-    const int64_t size = sizeof(scalar_t);
-    const bool stream = should_stream(out_ptr, g.hidden, size, out.nbytes(), paths.store) &&
-                        should_stream(res_ptr, g.hidden, size, res.nbytes(), paths.store);
-    const int64_t grain = grain_rows(paths.rows_per_task, paths.task_bytes, g.hidden * size);
-    add_rms_norm_rows_for<scalar_t>(stream, casting, paths.passes)(
-        x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w, out_ptr, res_ptr,
-        g, eps_f, grain);
+    // round_normed ("llama") implies round_sum.
+    with_flags([&](auto streamed, auto round_sum, auto round_normed, auto one_pass) {
+      add_rms_norm_rows<streamed, round_sum || round_normed, round_normed, one_pass>(
+          x.const_data_ptr<scalar_t>(), residual.const_data_ptr<scalar_t>(), w,
+          out.mutable_data_ptr<scalar_t>(), res.mutable_data_ptr<scalar_t>(), g, eps_f, grain);
+    }, stream, casting.round_sum, casting.round_normed, paths.passes == Passes::kOne);
   }), at::kFloat, at::kBFloat16, at::kHalf);
 }
 
@@ -294,23 +213,17 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cpu_paths(
     int64_t rows_per_task, c10::string_view casting, double offset, c10::string_view store,
     c10::string_view passes, int64_t task_bytes) {
   const char* op = "fusionlab::add_rms_norm_cpu";
-  check_arguments(op, x, residual, weight, eps, rows_per_task);
+  check_forward_args(op, {x, &residual, weight, nullptr}, eps, rows_per_task);
   const Casting mode = parse_casting(casting, op);
   const Paths paths = parse_paths(op, rows_per_task, store, passes, task_bytes);
-  // Allocated without the dispatcher so a profiled call is a single op record.
-  at::Tensor out(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
-  at::Tensor res(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  at::Tensor out = empty_cpu_like(x), res = empty_cpu_like(x);
   if (x.numel() == 0) {
     return {out, res};
   }
   const int64_t hidden = x.size(-1);
-  const std::optional<int64_t> x_stride = uniform_row_stride(x);
-  const std::optional<int64_t> r_stride = uniform_row_stride(residual);
-  const at::Tensor x_src = x_stride ? x : x.contiguous();
-  const at::Tensor r_src = r_stride ? residual : residual.contiguous();
-  const Rows g{x.numel() / hidden, hidden, x_stride.value_or(hidden), r_stride.value_or(hidden),
-               hidden, hidden};
-  run(x_src, r_src, weight, out, res, g, eps, paths, mode, offset);
+  const StridedRows x_src = strided_rows(x), r_src = strided_rows(residual);
+  const Rows g{x.numel() / hidden, hidden, x_src.stride, r_src.stride, hidden, hidden};
+  run(x_src.tensor, r_src.tensor, weight, out, res, g, eps, paths, mode, offset);
   return {out, res};
 }
 
@@ -331,7 +244,7 @@ void add_rms_norm_cpu_(const at::Tensor& x, const at::Tensor& residual, const at
                        double eps, int64_t rows_per_task, c10::string_view casting,
                        double offset, c10::string_view passes, int64_t task_bytes) {
   const char* op = "fusionlab::add_rms_norm_cpu_";
-  check_arguments(op, x, residual, weight, eps, rows_per_task);
+  check_forward_args(op, {x, &residual, weight, nullptr}, eps, rows_per_task);
   const Casting mode = parse_casting(casting, op);
   // Plain stores: pass 1 has just pulled every line being written into the cache.
   const Paths paths = parse_paths(op, rows_per_task, "plain", passes, task_bytes);
@@ -357,19 +270,12 @@ void add_rms_norm_cpu_(const at::Tensor& x, const at::Tensor& residual, const at
   }
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
 using Pair = std::tuple<at::Tensor, at::Tensor>;
 
-const auto& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusionlab::add_rms_norm_cpu", "paths")
-          .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
-                      c10::string_view, double, c10::string_view, c10::string_view,
-                      int64_t)>();
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                   c10::string_view, double, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::add_rms_norm_cpu", "paths">;
 
 class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> {
  public:
@@ -391,11 +297,10 @@ class AddRMSNormFunction : public torch::autograd::Function<AddRMSNormFunction> 
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // kernels/norm_grads.py registers it; it returns dL/dsum (= dL/dx = dL/dresidual), dL/dw.
-    static const auto backward_op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("fusionlab::add_rms_norm_backward", "")
-            .typed<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                        const at::Tensor&, const at::Tensor&, double, double, bool)>();
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&, double, double, bool),
+                  "fusionlab::add_rms_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_total, grad_weight] = backward_op.call(
         grads[0], grads[1], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble(),
@@ -410,15 +315,9 @@ Pair add_rms_norm_cpu_paths_autograd(c10::DispatchKeySet keys, const at::Tensor&
                                      double eps, int64_t rows_per_task, c10::string_view casting,
                                      double offset, c10::string_view store,
                                      c10::string_view passes, int64_t task_bytes) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, residual, weight)) {
-    return forward_op().redispatch(below, x, residual, weight, eps, rows_per_task, casting,
-                                   offset, store, passes, task_bytes);
-  }
-  variable_list outputs = AddRMSNormFunction::apply(
-      x, residual, weight, eps, rows_per_task, std::string(casting), offset, std::string(store),
-      std::string(passes), task_bytes, below);
-  return {outputs[0], outputs[1]};
+  return redispatch_or_record<AddRMSNormFunction>(
+      keys, forward_op(), needs_grad(x, residual, weight), x, residual, weight, eps,
+      rows_per_task, casting, offset, store, passes, task_bytes);
 }
 
 Pair add_rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
@@ -433,25 +332,21 @@ Pair add_rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, float eps, "
-        "int rows_per_task, str casting=\"none\", float offset=0.0, str store=\"auto\") "
-        "-> (Tensor, Tensor)");
+  def_cpu_autograd(m,
+                   "add_rms_norm_cpu(Tensor x, Tensor residual, Tensor weight, float eps, "
+                   "int rows_per_task, str casting=\"none\", float offset=0.0, "
+                   "str store=\"auto\") -> (Tensor, Tensor)",
+                   &add_rms_norm_cpu, &add_rms_norm_cpu_autograd);
   // The same op with the path choices (Passes, grain_rows in cpu_norm_common.h).
-  m.def("add_rms_norm_cpu.paths(Tensor x, Tensor residual, Tensor weight, float eps, "
-        "int rows_per_task, str casting=\"none\", float offset=0.0, str store=\"auto\", "
-        "str passes=\"two\", int task_bytes=0) -> (Tensor, Tensor)");
-  m.def("add_rms_norm_cpu_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, "
-        "int rows_per_task, str casting=\"none\", float offset=0.0, str passes=\"two\", "
-        "int task_bytes=0) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
-  m.impl("add_rms_norm_cpu", &add_rms_norm_cpu);
-  m.impl("add_rms_norm_cpu.paths", &add_rms_norm_cpu_paths);
-  m.impl("add_rms_norm_cpu_", &add_rms_norm_cpu_);
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
-  m.impl("add_rms_norm_cpu", &add_rms_norm_cpu_autograd);
-  m.impl("add_rms_norm_cpu.paths", &add_rms_norm_cpu_paths_autograd);
+  def_cpu_autograd(m,
+                   "add_rms_norm_cpu.paths(Tensor x, Tensor residual, Tensor weight, float eps, "
+                   "int rows_per_task, str casting=\"none\", float offset=0.0, "
+                   "str store=\"auto\", str passes=\"two\", int task_bytes=0) "
+                   "-> (Tensor, Tensor)",
+                   &add_rms_norm_cpu_paths, &add_rms_norm_cpu_paths_autograd);
+  def_cpu(m,
+          "add_rms_norm_cpu_(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, "
+          "int rows_per_task, str casting=\"none\", float offset=0.0, str passes=\"two\", "
+          "int task_bytes=0) -> ()",
+          &add_rms_norm_cpu_);
 }

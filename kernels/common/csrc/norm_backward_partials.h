@@ -4,6 +4,8 @@
 // fixed order (the result does not depend on which thread ran which chunk).
 #pragma once
 
+#include "norm_args.h"
+
 #include <ATen/Dispatch_v2.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -60,6 +62,41 @@ void for_each_chunk(const RowChunks& chunks, int64_t rows, const Body& body) {
       }
     }
   });
+}
+
+// What a fused backward returns: dx in x's dtype, written row by row, and the weight (and bias,
+// undefined where the op has none) gradients in their parameters' dtypes.
+struct NormGrads {
+  at::Tensor x, weight, bias;
+};
+
+inline NormGrads empty_grads(const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor* bias) {
+  return {empty_cpu_like(x), empty_cpu_like(weight),
+          bias == nullptr ? at::Tensor() : empty_cpu_like(*bias)};
+}
+
+// Runs row(r, dw, db) for every one of `rows` rows, dw and db (null without a bias) the fp32
+// partial rows of its chunk, then writes the partials' sums into grads.weight and grads.bias
+// (zeros when there are no rows).
+template <typename Row>
+void sum_param_grads(int64_t rows, int64_t hidden, int64_t rows_per_task, NormGrads& grads,
+                     const Row& row) {
+  const RowChunks chunks = plan_chunks(rows, rows_per_task);
+  const bool has_bias = grads.bias.defined();
+  std::vector<float> dw_partials(chunks.count * hidden, 0.f);
+  std::vector<float> db_partials(has_bias ? chunks.count * hidden : 0, 0.f);
+  for_each_chunk(chunks, rows, [&](int64_t chunk, int64_t begin, int64_t end) {
+    float* dw = dw_partials.data() + chunk * hidden;
+    float* db = has_bias ? db_partials.data() + chunk * hidden : nullptr;
+    for (int64_t r = begin; r < end; ++r) {
+      row(r, dw, db);
+    }
+  });
+  reduce_partials(dw_partials, chunks.count, hidden, grads.weight);
+  if (has_bias) {
+    reduce_partials(db_partials, chunks.count, hidden, grads.bias);
+  }
 }
 
 }  // namespace fusionlab_cpu

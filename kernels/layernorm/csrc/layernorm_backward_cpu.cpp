@@ -12,14 +12,12 @@
 // `fusionlab::layer_norm_cpu_stats`, whose autograd kernel is here), skipping the first read.
 
 #include "cpu_norm_common.h"
+#include "norm_args.h"
 #include "norm_backward_partials.h"
+#include "norm_backward_rows.h"
+#include "op_kernels.h"
 #include "welford_moments.h"
 
-#include <ATen/EmptyTensor.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
-#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,113 +25,21 @@
 namespace {
 
 using namespace fusionlab_cpu;
-
-// One row's backward given its mean and r.
-template <typename T>
-void layer_norm_backward_row_with(const T* g, const T* x, const float* w, T* dx, float* dw,
-                                  float* db, int64_t n, float mean, float r) {
-  const fVec vmean(mean), vr(r);
-  fVec gw0(0.f), gw1(0.f), gwx0(0.f), gwx1(0.f);
-  int64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    fVec x_lo, x_hi, g_lo, g_hi;
-    load_block(x + i, x_lo, x_hi);
-    load_block(g + i, g_lo, g_hi);
-    const fVec gw_lo = g_lo * fVec::loadu(w + i);
-    const fVec gw_hi = g_hi * fVec::loadu(w + i + fVec::size());
-    gw0 = gw0 + gw_lo;
-    gw1 = gw1 + gw_hi;
-    gwx0 = at::vec::fmadd(gw_lo, (x_lo - vmean) * vr, gwx0);
-    gwx1 = at::vec::fmadd(gw_hi, (x_hi - vmean) * vr, gwx1);
-  }
-  const auto add = [](const fVec& u, const fVec& v) { return u + v; };
-  float sum_gw = at::vec::vec_reduce_all<float>(add, gw0 + gw1);
-  float sum_gw_xhat = at::vec::vec_reduce_all<float>(add, gwx0 + gwx1);
-  for (; i < n; ++i) {
-    const float gw = static_cast<float>(g[i]) * w[i];
-    sum_gw += gw;
-    sum_gw_xhat += gw * (static_cast<float>(x[i]) - mean) * r;
-  }
-  const float inv_n = 1.f / static_cast<float>(n);
-  const float mean_gw = sum_gw * inv_n, mean_gw_xhat = sum_gw_xhat * inv_n;
-  const fVec vmean_gw(mean_gw), vmean_gw_xhat(mean_gw_xhat);
-  i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    fVec x_lo, x_hi, g_lo, g_hi;
-    load_block(x + i, x_lo, x_hi);
-    load_block(g + i, g_lo, g_hi);
-    const fVec xhat_lo = (x_lo - vmean) * vr, xhat_hi = (x_hi - vmean) * vr;
-    const fVec gw_lo = g_lo * fVec::loadu(w + i);
-    const fVec gw_hi = g_hi * fVec::loadu(w + i + fVec::size());
-    store_block<false>(dx + i, vr * (gw_lo - vmean_gw - xhat_lo * vmean_gw_xhat),
-                       vr * (gw_hi - vmean_gw - xhat_hi * vmean_gw_xhat));
-    at::vec::fmadd(g_lo, xhat_lo, fVec::loadu(dw + i)).store(dw + i);
-    at::vec::fmadd(g_hi, xhat_hi, fVec::loadu(dw + i + fVec::size())).store(dw + i + fVec::size());
-    (fVec::loadu(db + i) + g_lo).store(db + i);
-    (fVec::loadu(db + i + fVec::size()) + g_hi).store(db + i + fVec::size());
-  }
-  for (; i < n; ++i) {
-    const float gv = static_cast<float>(g[i]);
-    const float xhat = (static_cast<float>(x[i]) - mean) * r;
-    dx[i] = static_cast<T>(r * (gv * w[i] - mean_gw - xhat * mean_gw_xhat));
-    dw[i] += gv * xhat;
-    db[i] += gv;
-  }
-}
-
-// One row's backward, its mean and r recomputed from x as the forward computes them.
-template <typename T>
-void layer_norm_backward_row(const T* g, const T* x, const float* w, T* dx, float* dw, float* db,
-                             int64_t n, float eps) {
-  const Moments moments = row_moments(RowOf<T>{x}, n);
-  const float mean = static_cast<float>(moments.mean);
-  const float r = static_cast<float>(1.0 / std::sqrt(moments.m2 / moments.count + eps));
-  layer_norm_backward_row_with(g, x, w, dx, dw, db, n, mean, r);
-}
-
-void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
-                         const at::Tensor& bias, int64_t rows_per_task, const char* kOp) {
-  TORCH_CHECK(grad_y.device().is_cpu() && x.device().is_cpu() && weight.device().is_cpu() &&
-                  bias.device().is_cpu(),
-              kOp, ": tensors must be on the CPU");
-  TORCH_CHECK(x.dim() >= 1 && grad_y.sizes() == x.sizes(), kOp,
-              ": grad_y must have x's shape, got ", grad_y.sizes(), " and ", x.sizes());
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(-1) && bias.sizes() == weight.sizes(),
-              kOp, ": weight and bias must be 1-D of size x.size(-1), got ", weight.sizes(),
-              " and ", bias.sizes());
-  TORCH_CHECK(grad_y.scalar_type() == x.scalar_type() && is_supported_dtype(x.scalar_type()) &&
-                  is_supported_dtype(weight.scalar_type()) &&
-                  is_supported_dtype(bias.scalar_type()),
-              kOp, ": x and grad_y must share one of float32, bfloat16, float16; got ",
-              x.scalar_type(), ", ", grad_y.scalar_type());
-  TORCH_CHECK(rows_per_task >= 1, kOp, ": rows_per_task must be >= 1, got ", rows_per_task);
-}
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 // The body of both backward ops: `mean` and `rstd` (fp32, one per row of x) or null to
 // recompute them.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
-    const at::Tensor& bias, double eps, int64_t rows_per_task, const at::Tensor* mean,
-    const at::Tensor* rstd) {
+Triple layer_norm_backward(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                           const at::Tensor& bias, double eps, int64_t rows_per_task,
+                           const at::Tensor* mean, const at::Tensor* rstd) {
   const int64_t hidden = x.size(-1);
-  at::Tensor grad_x(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
-  at::Tensor grad_weight(at::detail::empty_cpu(weight.sizes(), weight.scalar_type()));
-  at::Tensor grad_bias(at::detail::empty_cpu(bias.sizes(), bias.scalar_type()));
+  NormGrads grads = empty_grads(x, weight, &bias);
   const int64_t rows = hidden == 0 ? 0 : x.numel() / hidden;
-  if (rows == 0) {
-    grad_weight.zero_();
-    grad_bias.zero_();
-    return {grad_x, grad_weight, grad_bias};
-  }
   // Any layout is accepted; a non-contiguous one is copied once.
   const at::Tensor x_in = x.contiguous();
   const at::Tensor g_in = grad_y.contiguous();
-  std::vector<float> w_widened;
-  const at::Tensor w_in = weight.contiguous();
-  const float* w = widen_to_float(w_in, w_widened);
-  const RowChunks chunks = plan_chunks(rows, rows_per_task);
-  std::vector<float> dw_partials(chunks.count * hidden, 0.f);
-  std::vector<float> db_partials(chunks.count * hidden, 0.f);
+  const Fp32Param w_param(weight);
+  const float* w = w_param.data();
   const float eps_f = static_cast<float>(eps);
   const bool saved = mean != nullptr;
   const at::Tensor mean_in = saved ? mean->contiguous() : at::Tensor();
@@ -143,41 +49,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward(
   AT_DISPATCH_V2(x.scalar_type(), "layer_norm_cpu_backward_fused", AT_WRAP([&] {
     const scalar_t* x_ptr = x_in.const_data_ptr<scalar_t>();
     const scalar_t* g_ptr = g_in.const_data_ptr<scalar_t>();
-    scalar_t* dx_ptr = grad_x.mutable_data_ptr<scalar_t>();
-    for_each_chunk(chunks, rows, [&](int64_t chunk, int64_t begin, int64_t end) {
-      float* dw = dw_partials.data() + chunk * hidden;
-      float* db = db_partials.data() + chunk * hidden;
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t at = r * hidden;
-        if (saved) {
-          layer_norm_backward_row_with(g_ptr + at, x_ptr + at, w, dx_ptr + at, dw, db, hidden,
-                                       mean_ptr[r], rstd_ptr[r]);
-        } else {
-          layer_norm_backward_row(g_ptr + at, x_ptr + at, w, dx_ptr + at, dw, db, hidden, eps_f);
-        }
+    scalar_t* dx_ptr = grads.x.mutable_data_ptr<scalar_t>();
+    sum_param_grads(rows, hidden, rows_per_task, grads, [&](int64_t r, float* dw, float* db) {
+      const int64_t at = r * hidden;
+      const RowOf<scalar_t> row{x_ptr + at};
+      if (saved) {
+        layer_norm_backward_row_with(row, g_ptr + at, nullptr, w, dx_ptr + at, dw, db, hidden,
+                                     mean_ptr[r], rstd_ptr[r]);
+      } else {
+        layer_norm_backward_row(row, g_ptr + at, nullptr, w, dx_ptr + at, dw, db, hidden, eps_f);
       }
     });
   }), at::kFloat, at::kBFloat16, at::kHalf);
-  reduce_partials(dw_partials, chunks.count, hidden, grad_weight);
-  reduce_partials(db_partials, chunks.count, hidden, grad_bias);
-  return {grad_x, grad_weight, grad_bias};
+  return {grads.x, grads.weight, grads.bias};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_fused(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
-    const at::Tensor& bias, double eps, int64_t rows_per_task) {
-  check_backward_args(grad_y, x, weight, bias, rows_per_task,
-                      "fusionlab::layer_norm_cpu_backward_fused");
+Triple layer_norm_cpu_backward_fused(const at::Tensor& grad_y, const at::Tensor& x,
+                                     const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                     int64_t rows_per_task) {
+  check_backward_args("fusionlab::layer_norm_cpu_backward_fused", grad_y,
+                      {x, nullptr, weight, &bias}, rows_per_task);
   return layer_norm_backward(grad_y, x, weight, bias, eps, rows_per_task, nullptr, nullptr);
 }
 
 // The fused backward reading each row's mean and rstd (layer_norm_cpu_stats's outputs).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_saved(
-    const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
-    const at::Tensor& bias, const at::Tensor& mean, const at::Tensor& rstd,
-    int64_t rows_per_task) {
+Triple layer_norm_cpu_backward_saved(const at::Tensor& grad_y, const at::Tensor& x,
+                                     const at::Tensor& weight, const at::Tensor& bias,
+                                     const at::Tensor& mean, const at::Tensor& rstd,
+                                     int64_t rows_per_task) {
   constexpr const char* kOp = "fusionlab::layer_norm_cpu_backward_saved";
-  check_backward_args(grad_y, x, weight, bias, rows_per_task, kOp);
+  check_backward_args(kOp, grad_y, {x, nullptr, weight, &bias}, rows_per_task);
   const auto rows_shape = x.sizes().slice(0, x.dim() - 1);
   for (const at::Tensor* stat : {&mean, &rstd}) {
     TORCH_CHECK(stat->device().is_cpu() && stat->scalar_type() == at::kFloat &&
@@ -188,20 +89,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_backward_saved(
   return layer_norm_backward(grad_y, x, weight, bias, 0.0, rows_per_task, &mean, &rstd);
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 using ForwardSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                     double, int64_t, c10::string_view, c10::string_view,
                                     int64_t);
 
 // layer_norm_cpu itself (layernorm_cpu.cpp, loaded first by kernels/layernorm/cpu_backward.py).
-const auto& forward_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fusionlab::layer_norm_cpu", "")
-                             .typed<ForwardSignature>();
-  return op;
-}
+constexpr auto forward_op = op_handle<ForwardSignature, "fusionlab::layer_norm_cpu">;
 
 class LayerNormFusedGradFunction : public torch::autograd::Function<LayerNormFusedGradFunction> {
  public:
@@ -218,12 +111,10 @@ class LayerNormFusedGradFunction : public torch::autograd::Function<LayerNormFus
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("fusionlab::layer_norm_cpu_backward_fused", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                double, int64_t)>();
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         double, int64_t),
+                  "fusionlab::layer_norm_cpu_backward_fused">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] =
         backward_op.call(grads[0], saved[0], saved[1], saved[2],
@@ -246,27 +137,16 @@ at::Tensor layer_norm_cpu_fused_grad_autograd(c10::DispatchKeySet keys, const at
                                               double eps, int64_t rows_per_task,
                                               c10::string_view store, c10::string_view stats,
                                               int64_t row_group) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, weight, bias)) {
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
-                                   row_group);
-  }
-  return LayerNormFusedGradFunction::apply(x, weight, bias, eps, rows_per_task,
-                                           std::string(store), std::string(stats), row_group,
-                                           below);
+  return redispatch_or_record<LayerNormFusedGradFunction>(
+      keys, forward_op(), needs_grad(x, weight, bias), x, weight, bias, eps, rows_per_task, store,
+      stats, row_group);
 }
-
-using StatsSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view,
-    c10::string_view, int64_t);
 
 // layer_norm_cpu_stats (layernorm_cpu.cpp): y and each row's mean and r, which the backward reads.
-const auto& stats_op() {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fusionlab::layer_norm_cpu_stats", "")
-                             .typed<StatsSignature>();
-  return op;
-}
+constexpr auto stats_op =
+    op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                     c10::string_view, c10::string_view, int64_t),
+              "fusionlab::layer_norm_cpu_stats">;
 
 class LayerNormSavedStatsFunction
     : public torch::autograd::Function<LayerNormSavedStatsFunction> {
@@ -286,12 +166,10 @@ class LayerNormSavedStatsFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("fusionlab::layer_norm_cpu_backward_saved", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                const at::Tensor&, const at::Tensor&, int64_t)>();
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         const at::Tensor&, const at::Tensor&, int64_t),
+                  "fusionlab::layer_norm_cpu_backward_saved">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] =
         backward_op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
@@ -300,40 +178,30 @@ class LayerNormSavedStatsFunction
   }
 };
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_stats_autograd(
-    c10::DispatchKeySet keys, const at::Tensor& x, const at::Tensor& weight,
-    const at::Tensor& bias, double eps, int64_t rows_per_task, c10::string_view store,
-    c10::string_view stats, int64_t row_group) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, weight, bias)) {
-    return stats_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
-                                 row_group);
-  }
-  const variable_list out = LayerNormSavedStatsFunction::apply(
-      x, weight, bias, eps, rows_per_task, std::string(store), std::string(stats), row_group,
-      below);
-  return {out[0], out[1], out[2]};
+Triple layer_norm_cpu_stats_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
+                                     const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                     int64_t rows_per_task, c10::string_view store,
+                                     c10::string_view stats, int64_t row_group) {
+  return redispatch_or_record<LayerNormSavedStatsFunction>(
+      keys, stats_op(), needs_grad(x, weight, bias), x, weight, bias, eps, rows_per_task, store,
+      stats, row_group);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("layer_norm_cpu_backward_fused(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, "
-        "float eps, int rows_per_task) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_cpu_backward_saved(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, "
-        "Tensor mean, Tensor rstd, int rows_per_task) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_cpu_fused_grad(Tensor x, Tensor weight, Tensor bias, float eps, "
-        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
-        "-> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
-  m.impl("layer_norm_cpu_backward_fused", &layer_norm_cpu_backward_fused);
-  m.impl("layer_norm_cpu_backward_saved", &layer_norm_cpu_backward_saved);
-  m.impl("layer_norm_cpu_fused_grad", &layer_norm_cpu_fused_grad);
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
-  m.impl("layer_norm_cpu_fused_grad", &layer_norm_cpu_fused_grad_autograd);
-  m.impl("layer_norm_cpu_stats", &layer_norm_cpu_stats_autograd);
+  def_cpu(m,
+          "layer_norm_cpu_backward_fused(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, "
+          "float eps, int rows_per_task) -> (Tensor, Tensor, Tensor)",
+          &layer_norm_cpu_backward_fused);
+  def_cpu(m,
+          "layer_norm_cpu_backward_saved(Tensor grad_y, Tensor x, Tensor weight, Tensor bias, "
+          "Tensor mean, Tensor rstd, int rows_per_task) -> (Tensor, Tensor, Tensor)",
+          &layer_norm_cpu_backward_saved);
+  def_cpu_autograd(m,
+                   "layer_norm_cpu_fused_grad(Tensor x, Tensor weight, Tensor bias, float eps, "
+                   "int rows_per_task, str store=\"auto\", str stats=\"welford\", "
+                   "int row_group=1) -> Tensor",
+                   &layer_norm_cpu_fused_grad, &layer_norm_cpu_fused_grad_autograd);
+  impl_autograd(m, "layer_norm_cpu_stats", &layer_norm_cpu_stats_autograd);
 }

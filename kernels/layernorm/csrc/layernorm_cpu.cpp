@@ -6,12 +6,13 @@
 // picks plain or non-temporal stores (StoreKind). Shared helpers are in ../../rmsnorm/csrc.
 
 #include "cpu_norm_common.h"
+#include "norm_args.h"
+#include "op_kernels.h"
+#include "static_flags.h"
 #include "welford_moments.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <string>
@@ -20,6 +21,7 @@
 namespace {
 
 using namespace fusionlab_cpu;
+using Triple = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
 // kGroup rows at x (rows `stride` apart), normalised together: the statistics of each row, then
 // one sweep over the columns that loads each block of weight and bias once for all kGroup rows
@@ -91,22 +93,6 @@ void layer_norm_rows(const T* x, int64_t x_row_stride, const float* w, const flo
   });
 }
 
-// The instantiation for this call's store kind, statistics and row group.
-template <typename T>
-auto layer_norm_rows_for(bool stream, Stats stats, int64_t row_group) {
-  using Fn = decltype(&layer_norm_rows<false, Stats::kWelford, 1, T>);
-  static constexpr Fn table[2][2][2] = {
-      {{layer_norm_rows<false, Stats::kWelford, 1, T>,
-        layer_norm_rows<false, Stats::kWelford, kRowGroup, T>},
-       {layer_norm_rows<false, Stats::kShifted, 1, T>,
-        layer_norm_rows<false, Stats::kShifted, kRowGroup, T>}},
-      {{layer_norm_rows<true, Stats::kWelford, 1, T>,
-        layer_norm_rows<true, Stats::kWelford, kRowGroup, T>},
-       {layer_norm_rows<true, Stats::kShifted, 1, T>,
-        layer_norm_rows<true, Stats::kShifted, kRowGroup, T>}}};
-  return table[stream][stats == Stats::kShifted][row_group == kRowGroup];
-}
-
 // The body of layer_norm_cpu and layer_norm_cpu_stats: checks the arguments and writes y
 // (allocated here) and, when `mean` and `rstd` are given, each row's statistics (fp32).
 at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -117,26 +103,11 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const 
   check_task_bytes(task_bytes, "fusionlab::layer_norm_cpu");
   const Stats stats_kind = parse_stats(stats, "fusionlab::layer_norm_cpu");
   check_row_group(row_group, "fusionlab::layer_norm_cpu");
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu(),
-              "fusionlab::layer_norm_cpu: x, weight and bias must be CPU tensors, got ",
-              x.device(), ", ", weight.device(), " and ", bias.device());
-  TORCH_CHECK(x.dim() >= 1, "fusionlab::layer_norm_cpu: x must have at least 1 dim");
+  check_forward_args("fusionlab::layer_norm_cpu", {x, nullptr, weight, &bias}, eps,
+                     rows_per_task);
   const int64_t hidden = x.size(-1);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden && bias.dim() == 1 &&
-                  bias.size(0) == hidden,
-              "fusionlab::layer_norm_cpu: weight and bias must be 1-D of size ", hidden,
-              " (x.size(-1)), got shapes ", weight.sizes(), " and ", bias.sizes());
-  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()) &&
-                  is_supported_dtype(bias.scalar_type()),
-              "fusionlab::layer_norm_cpu: dtypes must be float32, bfloat16 or float16, got x ",
-              x.scalar_type(), ", weight ", weight.scalar_type(), " and bias ",
-              bias.scalar_type());
-  TORCH_CHECK(eps >= 0.0, "fusionlab::layer_norm_cpu: eps must be >= 0, got ", eps);
-  TORCH_CHECK(rows_per_task >= 1,
-              "fusionlab::layer_norm_cpu: rows_per_task must be >= 1, got ", rows_per_task);
 
-  // Allocated without the dispatcher so a profiled call is a single op record.
-  at::Tensor y(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  at::Tensor y = empty_cpu_like(x);
   const bool save_stats = mean != nullptr;
   if (save_stats) {
     *mean = at::detail::empty_cpu(x.sizes().slice(0, x.dim() - 1), at::kFloat);
@@ -148,23 +119,21 @@ at::Tensor layer_norm_into(const at::Tensor& x, const at::Tensor& weight, const 
   const int64_t rows = x.numel() / hidden;
   float* mean_ptr = save_stats ? mean->mutable_data_ptr<float>() : nullptr;
   float* rstd_ptr = save_stats ? rstd->mutable_data_ptr<float>() : nullptr;
-  const std::optional<int64_t> row_stride = uniform_row_stride(x);
-  const at::Tensor src = row_stride ? x : x.contiguous();
-  const int64_t stride = row_stride.value_or(hidden);
+  const StridedRows src = strided_rows(x);
 
-  const at::Tensor w_in = weight.contiguous(), b_in = bias.contiguous();
-  std::vector<float> w_widened, b_widened;
-  const float* w = widen_to_float(w_in, w_widened);
-  const float* b = widen_to_float(b_in, b_widened);
+  const Fp32Param w_param(weight), b_param(bias);
+  const float* w = w_param.data();
+  const float* b = b_param.data();
 
   const float eps_f = static_cast<float>(eps);
+  const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * x.element_size());
   AT_DISPATCH_V2(x.scalar_type(), "layer_norm_cpu", AT_WRAP([&] {
-    const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
-    scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
-    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * sizeof(scalar_t));
-    layer_norm_rows_for<scalar_t>(stream, stats_kind, row_group)(
-        x_ptr, stride, w, b, y_ptr, rows, hidden, eps_f, grain, mean_ptr, rstd_ptr);
+    with_flags([&](auto streamed, auto shifted, auto grouped) {
+      constexpr Stats kStats = shifted ? Stats::kShifted : Stats::kWelford;
+      layer_norm_rows<streamed, kStats, grouped ? kRowGroup : 1>(
+          src.tensor.const_data_ptr<scalar_t>(), src.stride, w, b, y.mutable_data_ptr<scalar_t>(),
+          rows, hidden, eps_f, grain, mean_ptr, rstd_ptr);
+    }, streams(y, store_kind), stats_kind == Stats::kShifted, row_group == kRowGroup);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
 }
@@ -194,18 +163,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_cpu_stats(
   return {y, mean, rstd};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // layer_norm_cpu.paths, which both overloads redispatch to below autograd.
-const auto& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusionlab::layer_norm_cpu", "paths")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                            int64_t, c10::string_view, c10::string_view, int64_t, int64_t)>();
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, int64_t,
+                         c10::string_view, c10::string_view, int64_t, int64_t),
+              "fusionlab::layer_norm_cpu", "paths">;
 
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
@@ -223,12 +185,10 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     // Registered by kernels/norm_grads.py.
-    static const auto backward_op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("fusionlab::layer_norm_backward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                double)>();
+    const auto& backward_op =
+        op_handle<Triple(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                         double),
+                  "fusionlab::layer_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight, grad_bias] = backward_op.call(
         grads[0], saved[0], saved[1], saved[2], ctx->saved_data["eps"].toDouble());
@@ -242,13 +202,9 @@ at::Tensor layer_norm_cpu_paths_autograd(c10::DispatchKeySet keys, const at::Ten
                                          double eps, int64_t rows_per_task,
                                          c10::string_view store, c10::string_view stats,
                                          int64_t row_group, int64_t task_bytes) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, weight, bias)) {
-    return forward_op().redispatch(below, x, weight, bias, eps, rows_per_task, store, stats,
-                                   row_group, task_bytes);
-  }
-  return LayerNormFunction::apply(x, weight, bias, eps, rows_per_task, std::string(store),
-                                  std::string(stats), row_group, task_bytes, below);
+  return redispatch_or_record<LayerNormFunction>(keys, forward_op(), needs_grad(x, weight, bias),
+                                                 x, weight, bias, eps, rows_per_task, store,
+                                                 stats, row_group, task_bytes);
 }
 
 at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
@@ -263,24 +219,20 @@ at::Tensor layer_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, int rows_per_task, "
-        "str store=\"auto\", str stats=\"welford\", int row_group=1) -> Tensor");
+  def_cpu_autograd(m,
+                   "layer_norm_cpu(Tensor x, Tensor weight, Tensor bias, float eps, "
+                   "int rows_per_task, str store=\"auto\", str stats=\"welford\", "
+                   "int row_group=1) -> Tensor",
+                   &layer_norm_cpu, &layer_norm_cpu_autograd);
   // The same op with a parallel grain by bytes too (grain_rows in cpu_norm_common.h).
-  m.def("layer_norm_cpu.paths(Tensor x, Tensor weight, Tensor bias, float eps, "
-        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1, "
-        "int task_bytes=0) -> Tensor");
-  m.def("layer_norm_cpu_stats(Tensor x, Tensor weight, Tensor bias, float eps, "
-        "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
-        "-> (Tensor, Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
-  m.impl("layer_norm_cpu", &layer_norm_cpu);
-  m.impl("layer_norm_cpu.paths", &layer_norm_cpu_paths);
-  m.impl("layer_norm_cpu_stats", &layer_norm_cpu_stats);
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
-  m.impl("layer_norm_cpu", &layer_norm_cpu_autograd);
-  m.impl("layer_norm_cpu.paths", &layer_norm_cpu_paths_autograd);
+  def_cpu_autograd(m,
+                   "layer_norm_cpu.paths(Tensor x, Tensor weight, Tensor bias, float eps, "
+                   "int rows_per_task, str store=\"auto\", str stats=\"welford\", "
+                   "int row_group=1, int task_bytes=0) -> Tensor",
+                   &layer_norm_cpu_paths, &layer_norm_cpu_paths_autograd);
+  def_cpu(m,
+          "layer_norm_cpu_stats(Tensor x, Tensor weight, Tensor bias, float eps, "
+          "int rows_per_task, str store=\"auto\", str stats=\"welford\", int row_group=1) "
+          "-> (Tensor, Tensor, Tensor)",
+          &layer_norm_cpu_stats);
 }

@@ -40,27 +40,6 @@ inline void welford_step(const fVec& v, const fVec& inv_count, fVec& mean, fVec&
   m2 = at::vec::fmadd(delta, v - mean, m2);
 }
 
-// A row read as fp32 blocks: one tensor's row, or (add_layernorm) the fp32 sum of two rows.
-template <typename T>
-struct RowOf {
-  const T* x;
-  void block(int64_t i, fVec& lo, fVec& hi) const { load_block(x + i, lo, hi); }
-  float at(int64_t i) const { return static_cast<float>(x[i]); }
-};
-
-template <typename T>
-struct SumOf {
-  const T* x;
-  const T* r;
-  void block(int64_t i, fVec& lo, fVec& hi) const {
-    fVec r_lo, r_hi;
-    load_block(x + i, lo, hi);
-    load_block(r + i, r_lo, r_hi);
-    lo = lo + r_lo, hi = hi + r_hi;
-  }
-  float at(int64_t i) const { return static_cast<float>(x[i]) + static_cast<float>(r[i]); }
-};
-
 // `total` (the moments of the first i values) merged with those of the rest of the row, under
 // 2 * kBlock values: exact two-pass moments in fp64, then one merge.
 template <typename Row>

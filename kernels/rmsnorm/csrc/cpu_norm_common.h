@@ -160,16 +160,38 @@ inline void prefetch_block(const T* p) {
   }
 }
 
-// Sum of squares with four independent accumulators: several FMAs in flight instead of one
-// dependent chain. The same order for every T, so an fp32 copy of a row sums bit for bit alike.
+// A row read as fp32 blocks: one tensor's row, or (the add kernels) the fp32 sum of two rows.
 template <typename T>
-float fast_sum_sq(const T* x, int64_t n) {
+struct RowOf {
+  const T* x;
+  void block(int64_t i, fVec& lo, fVec& hi) const { load_block(x + i, lo, hi); }
+  float at(int64_t i) const { return static_cast<float>(x[i]); }
+};
+
+template <typename T>
+struct SumOf {
+  const T* x;
+  const T* r;
+  void block(int64_t i, fVec& lo, fVec& hi) const {
+    fVec r_lo, r_hi;
+    load_block(x + i, lo, hi);
+    load_block(r + i, r_lo, r_hi);
+    lo = lo + r_lo, hi = hi + r_hi;
+  }
+  float at(int64_t i) const { return static_cast<float>(x[i]) + static_cast<float>(r[i]); }
+};
+
+// Sum of squares of a row (RowOf, SumOf) with four independent accumulators: several FMAs in
+// flight instead of one dependent chain. The same order for every T, so an fp32 copy of a row
+// sums bit for bit alike.
+template <typename Row>
+float fast_sum_sq_of(const Row& row, int64_t n) {
   fVec acc0(0.f), acc1(0.f), acc2(0.f), acc3(0.f);
   int64_t i = 0;
   for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
     fVec a, b, c, d;
-    load_block(x + i, a, b);
-    load_block(x + i + kBlock, c, d);
+    row.block(i, a, b);
+    row.block(i + kBlock, c, d);
     acc0 = at::vec::fmadd(a, a, acc0);
     acc1 = at::vec::fmadd(b, b, acc1);
     acc2 = at::vec::fmadd(c, c, acc2);
@@ -177,7 +199,7 @@ float fast_sum_sq(const T* x, int64_t n) {
   }
   if (i + kBlock <= n) {
     fVec a, b;
-    load_block(x + i, a, b);
+    row.block(i, a, b);
     acc0 = at::vec::fmadd(a, a, acc0);
     acc1 = at::vec::fmadd(b, b, acc1);
     i += kBlock;
@@ -185,10 +207,15 @@ float fast_sum_sq(const T* x, int64_t n) {
   float sum_sq = at::vec::vec_reduce_all<float>(
       [](const fVec& u, const fVec& v) { return u + v; }, (acc0 + acc1) + (acc2 + acc3));
   for (; i < n; ++i) {
-    const float v = static_cast<float>(x[i]);
+    const float v = row.at(i);
     sum_sq += v * v;
   }
   return sum_sq;
+}
+
+template <typename T>
+float fast_sum_sq(const T* x, int64_t n) {
+  return fast_sum_sq_of(RowOf<T>{x}, n);
 }
 
 // Passes over x per row (the `passes` argument): "two" reads the row for its statistics and again,

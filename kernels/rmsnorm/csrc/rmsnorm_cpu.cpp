@@ -6,12 +6,13 @@
 // StoreKind). Shared helpers (loads, stores, streaming, strides) are in cpu_norm_common.h.
 
 #include "cpu_norm_common.h"
+#include "norm_args.h"
+#include "op_kernels.h"
+#include "static_flags.h"
 #include "torch_order_sum.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <string>
@@ -20,6 +21,7 @@
 namespace {
 
 using namespace fusionlab_cpu;
+using Pair = std::tuple<at::Tensor, at::Tensor>;
 
 // x (of type S: T, or the fp32 row buffer of a one-pass task) is read twice; x_next is the row
 // processed after this one (or x itself): it is prefetched during pass 2.
@@ -88,22 +90,6 @@ void rms_norm_rows(const T* x, int64_t x_row_stride, const float* w, T* y, int64
   });
 }
 
-// The instantiation for this call's store kind, numerics and passes: casting "none" sums fast;
-// a module's numerics ("llama", "gemma") also mean its order of summing.
-template <typename T>
-auto rms_norm_rows_for(bool stream, c10::string_view casting, bool round_normed, Passes passes) {
-  using Fn = decltype(&rms_norm_rows<false, false, false, false, T>);
-  static constexpr Fn table[2][3][2] = {
-      {{rms_norm_rows<false, false, false, false, T>, rms_norm_rows<false, false, false, true, T>},
-       {rms_norm_rows<false, false, true, false, T>, rms_norm_rows<false, false, true, true, T>},
-       {rms_norm_rows<false, true, true, false, T>, rms_norm_rows<false, true, true, true, T>}},
-      {{rms_norm_rows<true, false, false, false, T>, rms_norm_rows<true, false, false, true, T>},
-       {rms_norm_rows<true, false, true, false, T>, rms_norm_rows<true, false, true, true, T>},
-       {rms_norm_rows<true, true, true, false, T>, rms_norm_rows<true, true, true, true, T>}}};
-  const int numerics = casting == "none" ? 0 : (round_normed ? 2 : 1);
-  return table[stream][numerics][passes == Passes::kOne];
-}
-
 // The body of rms_norm_cpu and rms_norm_cpu_stats: checks the arguments and writes y (allocated
 // here) and, when `rstd` is defined (fp32, one per row), each row's 1 / rms.
 at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double eps,
@@ -114,23 +100,11 @@ at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double e
   const StoreKind store_kind = parse_store(store, "fusionlab::rms_norm_cpu");
   const Passes passes_kind = parse_passes(passes, "fusionlab::rms_norm_cpu");
   check_task_bytes(task_bytes, "fusionlab::rms_norm_cpu");
-  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(),
-              "fusionlab::rms_norm_cpu: x and weight must be CPU tensors, got ", x.device(),
-              " and ", weight.device());
-  TORCH_CHECK(x.dim() >= 1, "fusionlab::rms_norm_cpu: x must have at least 1 dim");
+  check_forward_args("fusionlab::rms_norm_cpu", {x, nullptr, weight, nullptr}, eps,
+                     rows_per_task);
   const int64_t hidden = x.size(-1);
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden,
-              "fusionlab::rms_norm_cpu: weight must be 1-D of size ", hidden,
-              " (x.size(-1)), got shape ", weight.sizes());
-  TORCH_CHECK(is_supported_dtype(x.scalar_type()) && is_supported_dtype(weight.scalar_type()),
-              "fusionlab::rms_norm_cpu: dtypes must be float32, bfloat16 or float16, got x ",
-              x.scalar_type(), " and weight ", weight.scalar_type());
-  TORCH_CHECK(eps >= 0.0, "fusionlab::rms_norm_cpu: eps must be >= 0, got ", eps);
-  TORCH_CHECK(rows_per_task >= 1, "fusionlab::rms_norm_cpu: rows_per_task must be >= 1, got ",
-              rows_per_task);
 
-  // Allocated without the dispatcher so a profiled call is a single op record.
-  at::Tensor y(at::detail::empty_cpu(x.sizes(), x.scalar_type()));
+  at::Tensor y = empty_cpu_like(x);
   if (rstd != nullptr) {
     *rstd = at::detail::empty_cpu(x.sizes().slice(0, x.dim() - 1), at::kFloat);
   }
@@ -140,22 +114,21 @@ at::Tensor rms_norm_into(const at::Tensor& x, const at::Tensor& weight, double e
   const int64_t rows = x.numel() / hidden;
   float* rstd_ptr = rstd == nullptr ? nullptr : rstd->mutable_data_ptr<float>();
 
-  const std::optional<int64_t> row_stride = uniform_row_stride(x);
-  const at::Tensor src = row_stride ? x : x.contiguous();
-  const int64_t stride = row_stride.value_or(hidden);
+  const StridedRows src = strided_rows(x);
 
-  const at::Tensor w_in = weight.contiguous();
-  std::vector<float> w_widened;
-  const float* w = widen_to_float(w_in, w_widened, static_cast<float>(offset));
+  const Fp32Param w_param(weight, static_cast<float>(offset));
+  const float* w = w_param.data();
 
   const float eps_f = static_cast<float>(eps);
+  const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * x.element_size());
   AT_DISPATCH_V2(x.scalar_type(), "rms_norm_cpu", AT_WRAP([&] {
-    const scalar_t* x_ptr = src.const_data_ptr<scalar_t>();
-    scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
-    const bool stream = should_stream(y_ptr, hidden, sizeof(scalar_t), y.nbytes(), store_kind);
-    const int64_t grain = grain_rows(rows_per_task, task_bytes, hidden * sizeof(scalar_t));
-    rms_norm_rows_for<scalar_t>(stream, casting, round_normed, passes_kind)(
-        x_ptr, stride, w, y_ptr, rows, hidden, eps_f, grain, rstd_ptr);
+    // Casting "none" sums fast; a module's numerics ("llama", "gemma") also mean its order of
+    // summing (round_normed, "llama", implies it).
+    with_flags([&](auto streamed, auto rounded, auto torch_order, auto one_pass) {
+      rms_norm_rows<streamed, rounded, torch_order || rounded, one_pass>(
+          src.tensor.const_data_ptr<scalar_t>(), src.stride, w, y.mutable_data_ptr<scalar_t>(),
+          rows, hidden, eps_f, grain, rstd_ptr);
+    }, streams(y, store_kind), round_normed, casting != "none", passes_kind == Passes::kOne);
   }), at::kFloat, at::kBFloat16, at::kHalf);
   return y;
 }
@@ -185,20 +158,12 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_cpu_stats(
   return {y, rstd};
 }
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 // The op as typed handles: the forward with every path argument (rms_norm_cpu.paths, which both
 // overloads redispatch to below autograd) and its backward, which kernels/norm_grads.py registers.
-const auto& forward_op() {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fusionlab::rms_norm_cpu", "paths")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t,
-                            c10::string_view, double, c10::string_view, c10::string_view,
-                            int64_t)>();
-  return op;
-}
+constexpr auto forward_op =
+    op_handle<at::Tensor(const at::Tensor&, const at::Tensor&, double, int64_t, c10::string_view,
+                         double, c10::string_view, c10::string_view, int64_t),
+              "fusionlab::rms_norm_cpu", "paths">;
 
 class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
  public:
@@ -216,11 +181,9 @@ class RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    static const auto backward_op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("fusionlab::rms_norm_backward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                      const at::Tensor&, double, double)>();
+    const auto& backward_op =
+        op_handle<Pair(const at::Tensor&, const at::Tensor&, const at::Tensor&, double, double),
+                  "fusionlab::rms_norm_backward">();
     const variable_list saved = ctx->get_saved_variables();
     auto [grad_x, grad_weight] =
         backward_op.call(grads[0], saved[0], saved[1], ctx->saved_data["eps"].toDouble(),
@@ -235,13 +198,9 @@ at::Tensor rms_norm_cpu_paths_autograd(c10::DispatchKeySet keys, const at::Tenso
                                        int64_t rows_per_task, c10::string_view casting,
                                        double offset, c10::string_view store,
                                        c10::string_view passes, int64_t task_bytes) {
-  const c10::DispatchKeySet below = keys & c10::after_autograd_keyset;
-  if (!needs_grad(x, weight)) {
-    return forward_op().redispatch(below, x, weight, eps, rows_per_task, casting, offset, store,
-                                   passes, task_bytes);
-  }
-  return RMSNormFunction::apply(x, weight, eps, rows_per_task, std::string(casting), offset,
-                                std::string(store), std::string(passes), task_bytes, below);
+  return redispatch_or_record<RMSNormFunction>(keys, forward_op(), needs_grad(x, weight), x,
+                                               weight, eps, rows_per_task, casting, offset, store,
+                                               passes, task_bytes);
 }
 
 at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
@@ -256,23 +215,18 @@ at::Tensor rms_norm_cpu_autograd(c10::DispatchKeySet keys, const at::Tensor& x,
 
 // FRAGMENT, so other fusionlab extensions can add ops to the same namespace in one process.
 TORCH_LIBRARY_FRAGMENT(fusionlab, m) {
-  m.def("rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task, "
-        "str casting=\"none\", float offset=0.0, str store=\"auto\") -> Tensor");
+  def_cpu_autograd(m,
+                   "rms_norm_cpu(Tensor x, Tensor weight, float eps, int rows_per_task, "
+                   "str casting=\"none\", float offset=0.0, str store=\"auto\") -> Tensor",
+                   &rms_norm_cpu, &rms_norm_cpu_autograd);
   // The same op with the path choices (Passes, grain_rows in cpu_norm_common.h).
-  m.def("rms_norm_cpu.paths(Tensor x, Tensor weight, float eps, int rows_per_task, "
-        "str casting=\"none\", float offset=0.0, str store=\"auto\", str passes=\"two\", "
-        "int task_bytes=0) -> Tensor");
-  m.def("rms_norm_cpu_stats(Tensor x, Tensor weight, float eps, int rows_per_task, "
-        "str casting=\"none\", float offset=0.0, str store=\"auto\") -> (Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, CPU, m) {
-  m.impl("rms_norm_cpu", &rms_norm_cpu);
-  m.impl("rms_norm_cpu.paths", &rms_norm_cpu_paths);
-  m.impl("rms_norm_cpu_stats", &rms_norm_cpu_stats);
-}
-
-TORCH_LIBRARY_IMPL(fusionlab, Autograd, m) {
-  m.impl("rms_norm_cpu", &rms_norm_cpu_autograd);
-  m.impl("rms_norm_cpu.paths", &rms_norm_cpu_paths_autograd);
+  def_cpu_autograd(m,
+                   "rms_norm_cpu.paths(Tensor x, Tensor weight, float eps, int rows_per_task, "
+                   "str casting=\"none\", float offset=0.0, str store=\"auto\", "
+                   "str passes=\"two\", int task_bytes=0) -> Tensor",
+                   &rms_norm_cpu_paths, &rms_norm_cpu_paths_autograd);
+  def_cpu(m,
+          "rms_norm_cpu_stats(Tensor x, Tensor weight, float eps, int rows_per_task, "
+          "str casting=\"none\", float offset=0.0, str store=\"auto\") -> (Tensor, Tensor)",
+          &rms_norm_cpu_stats);
 }
