@@ -10,16 +10,21 @@ import os
 import resource
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
+import optuna
 import pytest
 import torch
 
 from fusionlab.kernels import cpp_build
 from fusionlab.measure.timing import TimingSettings
+from fusionlab.search import claims
+from fusionlab.search import results_store as store
+from fusionlab.search.storage import open_storage
 
 QUICK_TIMING = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 """Enough samples to rank variants, as fast as a sweep test can go."""
@@ -32,6 +37,21 @@ TRIAL_TIMING = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_s
 def sqlite_url(path: Path | str) -> str:
     """The storage URL of a SQLite file at `path`."""
     return f"sqlite:///{path}"
+
+
+def finished_trials(url: str) -> Counter[tuple[str, str]]:
+    """(study, configuration) -> how many finished (measured) trials it has in the storage at
+    `url`; the cells' re-measurements aside."""
+    storage = open_storage(url, must_exist=True)
+    counts: Counter[tuple[str, str]] = Counter()
+    for name in optuna.get_all_study_names(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        for trial in study.get_trials(deepcopy=False, states=(
+                optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)):
+            key = trial.user_attrs.get(claims.CONFIG)
+            if key is not None and not store.is_verdict_key(key):
+                counts[(name, key)] += 1
+    return counts
 
 
 def run_in_scalar_build(ops: tuple[str, ...], code: str, timeout_s: float) -> None:
