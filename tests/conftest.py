@@ -9,9 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import sqlite_url
+from helpers import GATE_TIMING, sqlite_url
 
 from fusionlab.cell import Cell
+from fusionlab.measure.rounds import RoundsTask, StopRule
+from fusionlab.measure.trial import TrialTask
+from fusionlab.measure.worker import TrialWorker
+from fusionlab.records import Status
+from fusionlab.schema import plain
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -24,6 +29,17 @@ def run_cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Completed
         [sys.executable, "-m", "fusionlab.cli", *args],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+def probe_sweep(tmp_path: Path, url: str, probe: str, *extra: str) -> str:
+    """A quick sweep of the `probe`-probe variant (tests/plugins/`probe`_probe.py, which writes
+    what its measuring process sees) and builtin at 4x256; its stderr."""
+    plugin = str(PLUGINS / f"{probe}_probe.py")
+    result = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "4x256", "--variants",
+                     f"{probe}-probe,builtin", "--plugin", plugin, "--storage", url, *extra,
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stderr
 
 
 def interruptible() -> None:
@@ -41,3 +57,17 @@ def storage_url(tmp_path: Path) -> str:
 def cpu_cell(op: str, shape: tuple[int, ...], dtype: str = "float32") -> Cell:
     """A cell on this machine's CPU, for trials run in the test process."""
     return Cell(op, "cpu", "test-cpu", shape, dtype)
+
+
+def search_then_decision(worker: TrialWorker, variant: str,
+                         shape: tuple[int, ...] = (8, 256)) -> dict:
+    """An rmsnorm `variant`'s search trial in `worker`; if it passes, the cell's rounds and audit
+    beside the built-in: the record whose status and message a cheat earns."""
+    cell = cpu_cell("rmsnorm", shape)
+    record = worker.run(TrialTask(cell, variant, {}, seed=2, timing=GATE_TIMING), 300)
+    if record["status"] != Status.PASSED.value:
+        return record
+    task = RoundsTask(cell, [("candidate", variant, {}), ("builtin", "builtin", {})], "warm",
+                      StopRule(min_rounds=2, max_rounds=2), timing=GATE_TIMING,
+                      decided_ms={"candidate": record["timing"]["median_ms"]})
+    return plain(worker.run(task, 600).contenders["candidate"])

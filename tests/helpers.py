@@ -1,18 +1,30 @@
-"""Helpers several test files share: quick timing settings, SQLite storage URLs and the Triton
-kernels' covering (shape, tunables) cases. Imported as `helpers` (tests/ is on sys.path)."""
+"""Helpers several test files share: quick timing settings, SQLite storage URLs, the C++ kernels'
+tolerances and strided inputs, and the Triton kernels' covering (shape, tunables) cases.
+Imported as `helpers` (tests/ is on sys.path)."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import os
+import resource
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import TypeVar
+
+import optuna
+import pytest
+import torch
 
 from fusionlab.kernels import cpp_build
 from fusionlab.measure.timing import TimingSettings
+from fusionlab.search import claims
+from fusionlab.search import results_store as store
+from fusionlab.search.storage import open_storage
 
 QUICK_TIMING = TimingSettings(warmup_s=0.005, budget_s=0.02, min_samples=3, max_samples=10)
 """Enough samples to rank variants, as fast as a sweep test can go."""
@@ -25,6 +37,21 @@ TRIAL_TIMING = TimingSettings(warmup_s=0.01, budget_s=0.05, min_samples=5, max_s
 def sqlite_url(path: Path | str) -> str:
     """The storage URL of a SQLite file at `path`."""
     return f"sqlite:///{path}"
+
+
+def finished_trials(url: str) -> Counter[tuple[str, str]]:
+    """(study, configuration) -> how many finished (measured) trials it has in the storage at
+    `url`; the cells' re-measurements aside."""
+    storage = open_storage(url, must_exist=True)
+    counts: Counter[tuple[str, str]] = Counter()
+    for name in optuna.get_all_study_names(storage):
+        study = optuna.load_study(study_name=name, storage=storage)
+        for trial in study.get_trials(deepcopy=False, states=(
+                optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)):
+            key = trial.user_attrs.get(claims.CONFIG)
+            if key is not None and not store.is_verdict_key(key):
+                counts[(name, key)] += 1
+    return counts
 
 
 def run_in_scalar_build(ops: tuple[str, ...], code: str, timeout_s: float) -> None:
@@ -47,6 +74,97 @@ def run_in_scalar_build(ops: tuple[str, ...], code: str, timeout_s: float) -> No
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=timeout_s, cwd=Path(__file__).parents[1])
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def rounding_tol(atol: float) -> dict[torch.dtype, dict[str, float]]:
+    """assert_close tolerances of a kernel that rounds its fp32 result once: a unit roundoff of
+    the output type (2^-8 bf16, 2^-11 fp16) plus fp32 accumulation error (under 1e-5)."""
+    units = {torch.float32: 0.0, torch.bfloat16: 2**-8, torch.float16: 2**-11}
+    return {dtype: {"rtol": unit + 1e-5, "atol": atol} for dtype, unit in units.items()}
+
+
+def strided_views(base: torch.Tensor, expanded: bool = True) -> dict[str, torch.Tensor]:
+    """Non-contiguous views of a (6, 8, 130) `base`, one per way a C++ kernel reads rows; the
+    expanded one (row stride 0) only where the kernel does not write its input."""
+    views = {
+        "transposed": base[0].t(),  # last-dim stride != 1: copied
+        "column slice": base[..., 3:103],  # uniform row stride, read (or written) in place
+        "row step": base[:, ::2],
+        "permuted": base.permute(1, 0, 2),  # rows not at a uniform stride: copied
+    }
+    if expanded:
+        views["expanded"] = base[0, :1].expand(5, 130)
+    return views
+
+
+def assert_cpp_contract(cpu_cpp: ModuleType) -> None:
+    """A C++ kernel module takes each of its rows_per_task values and no other, offers streaming
+    stores only where they can take effect (big enough, rows of whole 64-byte lines), and has
+    its extension loaded already."""
+    rows_per_task = cpu_cpp.TUNABLES["rows_per_task"]
+    assert all(cpu_cpp.param_error((2, 64), rows_per_task=r) is None for r in rows_per_task)
+    assert cpu_cpp.param_error((2, 64), rows_per_task=0) is not None
+    assert cpu_cpp.param_error((2048, 4096), rows_per_task=1, store="stream") is None
+    assert "smaller outputs" in cpu_cpp.param_error((2, 64), rows_per_task=1, store="stream")
+    assert "multiple of 32" in cpu_cpp.param_error((8192, 100), rows_per_task=1, store="stream")
+    assert cpu_cpp.load_extension() == 0.0
+
+
+# Awkward shapes (1-D, 1x1, odd hidden, 3-D) and hidden sizes of one and more SIMD blocks.
+CPP_SHAPES = [(1, 4096), (4096,), (1, 1), (5, 7), (3, 1000), (2, 5000), (3, 5, 96), (37, 130)]
+Test = TypeVar("Test", bound=Callable[..., None])
+
+
+def over_cpp_cases(rows_per_task: tuple[int, ...],
+                   widest: tuple[int, ...]) -> Callable[[Test], Test]:
+    """Parametrizes a kernel test over each of CPP_SHAPES and `widest` x (float32, bfloat16) x
+    rows_per_task."""
+    marks = [  # in the order decorators stacked top to bottom apply: ids read shape-dtype-rows
+        pytest.mark.parametrize("shape", [*CPP_SHAPES, widest],
+                                ids=lambda shape: "x".join(map(str, shape))),
+        pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]),
+        pytest.mark.parametrize("rows_per_task", rows_per_task),
+    ]
+
+    def parametrized(test: Test) -> Test:
+        for mark in marks:
+            test = mark(test)
+        return test
+    return parametrized
+
+
+Outputs = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def streamed_shape(dtype: torch.dtype) -> tuple[int, int]:
+    """Rows of 2048 that make an 8 MiB tensor of `dtype`: big enough to be streamed."""
+    return (8 << 20) // (2048 * torch.empty((), dtype=dtype).element_size()), 2048
+
+
+def _check_outputs(result: Outputs, like: torch.Tensor, expected: tuple[torch.Tensor, ...],
+                   tolerance: dict[str, float]) -> None:
+    outputs = result if isinstance(result, tuple) else (result,)
+    for got, want in zip(outputs, expected, strict=True):
+        assert got.dtype == like.dtype and got.shape == like.shape
+        torch.testing.assert_close(got.double(), want, **tolerance)
+
+
+def assert_streams(call: Callable[[], Outputs], like: torch.Tensor, expected: Outputs,
+                   tolerance: dict[str, float], calls: int = 6) -> None:
+    """Outputs of 8 MiB and up are written with non-temporal stores when their pages are already
+    mapped and with plain stores when they are fresh. An early call may get fresh pages; once
+    malloc reuses freed blocks, a call faults under half of its outputs' pages. Every call's
+    outputs (shaped and typed `like`) must match `expected`."""
+    wants = expected if isinstance(expected, tuple) else (expected,)
+    pages = len(wants) * like.nbytes // resource.getpagesize()
+    faults = []
+    for _ in range(calls):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        result = call()
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        _check_outputs(result, like, wants, tolerance)
+        del result  # freed before the next call, so malloc can hand its blocks back
+    assert min(faults) < pages // 2, f"no call reused mapped outputs: {faults} faults of {pages}"
 
 
 ParamError = Callable[..., str | None]

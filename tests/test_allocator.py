@@ -7,22 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import PLUGINS, run_cli
+from conftest import probe_sweep, run_cli
 from helpers import sqlite_url
 
 from fusionlab.measure import allocator
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
-
-PROBE = str(PLUGINS / "allocator_probe.py")
-
-
-def _sweep(tmp_path: Path, url: str, *extra: str) -> str:
-    result = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "4x256", "--variants",
-                     "allocator-probe,builtin", "--plugin", PROBE, "--storage", url, *extra,
-                     cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    return result.stderr
 
 
 def test_each_setting_reaches_the_measuring_process_and_is_recorded(
@@ -39,7 +29,7 @@ def test_each_setting_reaches_the_measuring_process_and_is_recorded(
     }
     for setting, seen in expected.items():
         extra = () if setting == allocator.DEFAULT else ("--allocator", setting)
-        output = _sweep(tmp_path, url, *extra)
+        output = probe_sweep(tmp_path, url, "allocator", *extra)
         assert f"malloc {setting}" in output
         assert set(probe.read_text().splitlines()) == {seen}
         probe.unlink()

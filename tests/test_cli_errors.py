@@ -16,36 +16,26 @@ def _bad_plugin(tmp_path: Path, name: str, body: str) -> str:
     return str(path)
 
 
+# Bad options of `fusionlab sweep rmsnorm`, each with its value.
+BAD_SWEEP_OPTIONS = [
+    "--shapes 0x4096", "--shapes 4x", "--shapes abc", "--variants naive,fastest-ever",
+    "--dtypes float8", "--device tpu", "--device cuda", "--variants triton",
+    "--storage sqlite:////no/such/folder/x.db",
+    "--storage postgresql://user@127.0.0.1:1/fusionlab", "--storage mysql://nope",
+    "--export table.xlsx", "--export /no/such/folder/t.md", "--plugin does_not_exist.py",
+    "--trials many", "--trials 0", "--trials -3", "--timeout 0", "--calls 0", "--pass sideways",
+    "--shapes 4x4096,,8x4096", "--dtypes float32,", "--variants naive,,builtin",
+    "--shapes 100000000x100000",
+]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["sweep", "rmsnorm", "--shapes", "0x4096"],
-        ["sweep", "rmsnorm", "--shapes", "4x"],
-        ["sweep", "rmsnorm", "--shapes", "abc"],
+        *(["sweep", "rmsnorm", *option.split()] for option in BAD_SWEEP_OPTIONS),
         ["sweep", "layernorm-nope"],
-        ["sweep", "rmsnorm", "--variants", "naive,fastest-ever"],
-        ["sweep", "rmsnorm", "--dtypes", "float8"],
-        ["sweep", "rmsnorm", "--device", "tpu"],
-        ["sweep", "rmsnorm", "--device", "cuda"],
-        ["sweep", "rmsnorm", "--variants", "triton"],
-        ["sweep", "rmsnorm", "--storage", "sqlite:////no/such/folder/x.db"],
-        ["sweep", "rmsnorm", "--storage", "postgresql://user@127.0.0.1:1/fusionlab"],
-        ["sweep", "rmsnorm", "--storage", "mysql://nope"],
-        ["sweep", "rmsnorm", "--export", "table.xlsx"],
-        ["sweep", "rmsnorm", "--export", "/no/such/folder/t.md"],
-        ["sweep", "rmsnorm", "--plugin", "does_not_exist.py"],
-        ["sweep", "rmsnorm", "--trials", "many"],
-        ["sweep", "rmsnorm", "--trials", "0"],
-        ["sweep", "rmsnorm", "--trials", "-3"],
-        ["sweep", "rmsnorm", "--timeout", "0"],
-        ["sweep", "rmsnorm", "--calls", "0"],
-        ["sweep", "rmsnorm", "--pass", "sideways"],
         ["sweep", "add_rmsnorm", "--pass", "backward", "--variants", "naive,builtin-inplace"],
         ["sweep", "l2norm", "--plugin", str(PLUGINS / "l2norm_op.py"), "--pass", "backward"],
-        ["sweep", "rmsnorm", "--shapes", "4x4096,,8x4096"],
-        ["sweep", "rmsnorm", "--dtypes", "float32,"],
-        ["sweep", "rmsnorm", "--variants", "naive,,builtin"],
-        ["sweep", "rmsnorm", "--shapes", "100000000x100000"],
         ["sweep", "layernorm", "--shapes", "100000000x100000"],
         ["compare", "add_rmsnorm", "--shape", "100000000x100000"],
         ["export", "rmsnorm", "--format", "docx"],

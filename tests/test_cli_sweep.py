@@ -5,6 +5,7 @@ import io
 import json
 import re
 import sqlite3
+from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -37,6 +38,23 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
     result = run_cli(*SWEEP, "--storage", url, "--export", "best.csv", cwd=folder)
     assert result.returncode == 0, result.stderr
     return folder, url, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def exported(swept, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The shared sweep's table exported in a format by the real command, once per format."""
+    _, url, _ = swept
+    folder = tmp_path_factory.mktemp("exports")
+    written: dict[str, Path] = {}
+
+    def export(fmt: str) -> Path:
+        if fmt not in written:
+            out = folder / f"best.{'tex' if fmt == 'latex' else fmt}"
+            result = run_cli("export", "rmsnorm", "--storage", url, "-o", str(out), cwd=folder)
+            assert result.returncode == 0, result.stderr
+            written[fmt] = out
+        return written[fmt]
+    return export
 
 
 def test_misbehaving_variants_are_recorded_and_never_win(swept) -> None:
@@ -122,11 +140,9 @@ def _parse(fmt: str, text: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("fmt", ["md", "csv", "latex", "html", "json"])
-def test_exports_parse_back_to_the_same_rows(swept, fmt: str, tmp_path: Path) -> None:
+def test_exports_parse_back_to_the_same_rows(swept, exported, fmt: str) -> None:
     _, url, _ = swept
-    out = tmp_path / f"best.{'tex' if fmt == 'latex' else fmt}"
-    result = run_cli("export", "rmsnorm", "--storage", url, "-o", str(out), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+    out = exported(fmt)
     rows = best_rows(stored_cells("rmsnorm", url))
     if fmt == "json":
         written = json.loads(out.read_text())["rows"]
@@ -147,28 +163,29 @@ def _number(text: str) -> float:
     return float(text.split()[0].strip("~!").rstrip("x"))
 
 
+def _exported_rows(fmt: str, out: Path) -> list[dict]:
+    """An export's rows by column header; JSON's typed numbers checked, then keyed and shown as
+    the text tables' headers and strings are."""
+    if fmt != "json":
+        header, *body = _parse(fmt, out.read_text())
+        return [dict(zip(header, row, strict=True)) for row in body]
+    rows = json.loads(out.read_text())["rows"]
+    for row in rows:  # typed numbers, the winner's name apart from its label
+        assert (row["failed"], row["measured"]) == (3, 5)
+        assert row["failures"] == {"crashed": 1, "incorrect": 1, "timeout": 1}
+        assert all(isinstance(row[key], float) for key in ("ratio", "ci_low", "ci_high"))
+    keys = {"median ms": "median_ms", "warm ms": "warm_ms", "cold ms": "cold_ms",
+            "vs naive": "speedup_vs_baseline", "vs builtin": "speedup_vs_builtin",
+            "GB/s": "gbps", "fastest": "variant"}
+    return [{**row, **{header: str(row[key]) for header, key in keys.items()}} for row in rows]
+
+
 @pytest.mark.parametrize("fmt", ["md", "csv", "latex", "html", "json"])
-def test_exports_carry_the_values_of_the_stored_records(swept, fmt: str, tmp_path: Path) -> None:
+def test_exports_carry_the_values_of_the_stored_records(swept, exported, fmt: str) -> None:
     """Each exported row against values computed here from the stored records themselves (the
     stored verdict's winner, its medians, bytes over time), not from the renderers' functions."""
     _, url, _ = swept
-    out = tmp_path / f"best.{'tex' if fmt == 'latex' else fmt}"
-    assert run_cli("export", "rmsnorm", "--storage", url, "-o", str(out), cwd=tmp_path)\
-        .returncode == 0
-    if fmt == "json":
-        rows = json.loads(out.read_text())["rows"]
-        for row in rows:  # typed numbers, the winner's name apart from its label
-            assert (row["failed"], row["measured"]) == (3, 5)
-            assert row["failures"] == {"crashed": 1, "incorrect": 1, "timeout": 1}
-            assert all(isinstance(row[key], float) for key in ("ratio", "ci_low", "ci_high"))
-        keys = {"median ms": "median_ms", "warm ms": "warm_ms", "cold ms": "cold_ms",
-                "vs naive": "speedup_vs_baseline", "vs builtin": "speedup_vs_builtin",
-                "GB/s": "gbps", "fastest": "variant"}
-        rows = [{**row, **{header: str(row[key]) for header, key in keys.items()}}
-                for row in rows]
-    else:
-        header, *body = _parse(fmt, out.read_text())
-        rows = [dict(zip(header, row, strict=True)) for row in body]
+    rows = _exported_rows(fmt, exported(fmt))
     cells = {(f"{c.cell.shape[0]}x{c.cell.shape[1]}", c.cell.dtype): c
              for c in stored_cells("rmsnorm", url)}
     assert sorted((row["shape"], row["dtype"]) for row in rows) == sorted(cells)

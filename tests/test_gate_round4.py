@@ -11,18 +11,16 @@ import sys
 
 import pytest
 import torch
-from conftest import PLUGINS, cpu_cell
+from conftest import PLUGINS, cpu_cell, search_then_decision
 from helpers import GATE_TIMING as FAST
 from test_disturbance import hogs  # noqa: F401  (a fixture: one busy process per core)
 
 from fusionlab.measure import events, integrity
-from fusionlab.measure.rounds import RoundsTask, StopRule
 from fusionlab.measure.timing import Gaps, TimedLoop, TimingSettings, draw, time_calls
 from fusionlab.measure.trial import TrialTask, run_trial
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status, Timing
 from fusionlab.registry import load_plugin
-from fusionlab.schema import plain
 
 ROUND4 = str(PLUGINS / "gaming_round4.py")
 load_plugin(ROUND4)
@@ -39,22 +37,10 @@ def worker():
         yield trial_worker
 
 
-def _search_then_decision(worker: TrialWorker, variant: str, shape=(8, 256)) -> dict:
-    """The search trial; if it passes, the cell's rounds and audit beside the built-in."""
-    cell = cpu_cell("rmsnorm", shape)
-    record = worker.run(TrialTask(cell, variant, {}, seed=2, timing=FAST), 300)
-    if record["status"] != Status.PASSED.value:
-        return record
-    task = RoundsTask(cell, [("cheat", variant, {}), ("builtin", "builtin", {})], "warm",
-                      StopRule(min_rounds=2, max_rounds=2), timing=FAST,
-                      decided_ms={"cheat": record["timing"]["median_ms"]})
-    return plain(worker.run(task, 600).contenders["cheat"])
-
-
 @pytest.mark.parametrize(("group", "variant", "statuses", "word"), CASES)
 def test_round_four_cheat_is_caught_with_the_rule_named(worker, group, variant, statuses,
                                                         word) -> None:
-    outcome = _search_then_decision(worker, variant)
+    outcome = search_then_decision(worker, variant)
     assert outcome["status"] in statuses, f"{group}: {variant}: {outcome['message']}"
     assert word in outcome["message"] and "\n" not in outcome["message"], outcome["message"]
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import PLUGINS, cpu_cell
+from conftest import PLUGINS, cpu_cell, search_then_decision
 from helpers import GATE_TIMING as FAST
 
 from fusionlab.measure import integrity
@@ -24,7 +24,6 @@ from fusionlab.measure.trial import TrialTask
 from fusionlab.measure.worker import TrialWorker
 from fusionlab.records import Status
 from fusionlab.registry import get_op, get_variant, load_plugin
-from fusionlab.schema import plain
 
 ROUND5 = str(PLUGINS / "gaming_round5.py")
 load_plugin(ROUND5)
@@ -38,22 +37,10 @@ def worker():
         yield trial_worker
 
 
-def _search_then_decision(worker: TrialWorker, variant: str, shape: tuple[int, ...]) -> dict:
-    """The search trial; if it passes, the cell's rounds and audit beside the built-in."""
-    cell = cpu_cell("rmsnorm", shape)
-    record = worker.run(TrialTask(cell, variant, {}, seed=2, timing=FAST), 300)
-    if record["status"] != Status.PASSED.value:
-        return record
-    task = RoundsTask(cell, [("candidate", variant, {}), ("builtin", "builtin", {})], "warm",
-                      StopRule(min_rounds=2, max_rounds=2), timing=FAST,
-                      decided_ms={"candidate": record["timing"]["median_ms"]})
-    return plain(worker.run(task, 600).contenders["candidate"])
-
-
 @pytest.mark.parametrize(("variant", "expected"), sorted(PLUGIN.CAUGHT.items()))
 def test_round_five_cheat_is_caught_with_the_rule_named(worker, variant, expected) -> None:
     statuses, word = expected
-    outcome = _search_then_decision(worker, variant, (8, 256))
+    outcome = search_then_decision(worker, variant, (8, 256))
     assert outcome["status"] in statuses, f"{variant}: {outcome['message']}"
     assert word in outcome["message"] and "\n" not in outcome["message"], outcome["message"]
 
@@ -62,13 +49,13 @@ def test_the_cheat_that_swaps_a_pair_in_the_shared_sets_is_caught() -> None:
     """In a process of its own: it leaves the cell's shared input sets swapped behind it."""
     variant, statuses, word = PLUGIN.SABOTEUR
     with TrialWorker(plugins=[ROUND5]) as own:
-        outcome = _search_then_decision(own, variant, (8, 256))
+        outcome = search_then_decision(own, variant, (8, 256))
     assert outcome["status"] in statuses, f"{variant}: {outcome['message']}"
     assert word in outcome["message"] and "\n" not in outcome["message"], outcome["message"]
 
 
 def test_the_honest_control_passes_the_search_the_rounds_and_the_audit(worker) -> None:
-    outcome = _search_then_decision(worker, PLUGIN.HONEST, (32, 4096))
+    outcome = search_then_decision(worker, PLUGIN.HONEST, (32, 4096))
     assert outcome["status"] == Status.PASSED.value, outcome["message"]
 
 
@@ -83,7 +70,7 @@ def test_a_kernel_registered_over_an_aten_op_is_caught_and_retires_the_worker(
     honest = worker.run(TrialTask(cell, "builtin", {}, timing=FAST), 300)
     assert honest["status"] == Status.PASSED.value, honest["message"]
     before = worker.pid
-    outcome = _search_then_decision(worker, variant, (8, 256))
+    outcome = search_then_decision(worker, variant, (8, 256))
     assert outcome["status"] == Status.SUSPICIOUS.value, f"{variant}: {outcome['message']}"
     assert "sealed dispatcher table" in outcome["message"] and op in outcome["message"]
     assert worker.pid is None, "the worker that ran the cheat was kept"

@@ -276,24 +276,19 @@ def test_a_variant_that_replaces_the_clock_is_suspicious(monkeypatch: pytest.Mon
 # --- runtime_error and compile_error ------------------------------------------------------
 
 
-def test_a_first_call_that_raises_is_a_runtime_error() -> None:
-    record = _trial("rb-raises-first")
-    _assert_status(record, Status.RUNTIME_ERROR, "first call failed", "ValueError")
-
-
-def test_a_later_call_that_raises_is_a_runtime_error() -> None:
-    record = _trial("rb-raises-later")
-    _assert_status(record, Status.RUNTIME_ERROR, "kernel gave up on call 5")
-
-
-def test_a_factory_that_fails_is_a_compile_error() -> None:
-    record = _trial("rb-setup-fails")
-    _assert_status(record, Status.COMPILE_ERROR, "setup failed", "cannot build")
-
-
-def test_a_first_call_that_fails_to_compile_is_a_compile_error() -> None:
-    record = _trial("rb-graph-break-fullgraph")
-    _assert_status(record, Status.COMPILE_ERROR, "first call failed")
+@pytest.mark.parametrize(("variant", "status", "words"), [
+    pytest.param("rb-raises-first", Status.RUNTIME_ERROR, ("first call failed", "ValueError"),
+                 id="a-first-call-that-raises"),
+    pytest.param("rb-raises-later", Status.RUNTIME_ERROR, ("kernel gave up on call 5",),
+                 id="a-later-call-that-raises"),
+    pytest.param("rb-setup-fails", Status.COMPILE_ERROR, ("setup failed", "cannot build"),
+                 id="a-factory-that-fails"),
+    pytest.param("rb-graph-break-fullgraph", Status.COMPILE_ERROR, ("first call failed",),
+                 id="a-first-call-that-fails-to-compile"),
+])
+def test_failures_to_run_or_build_are_runtime_or_compile_errors(
+        variant: str, status: Status, words: tuple[str, ...]) -> None:
+    _assert_status(_trial(variant), status, *words)
 
 
 # --- timeout and crashed, in the isolated worker a sweep uses -------------------------------

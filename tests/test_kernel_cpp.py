@@ -1,13 +1,13 @@
 """Tests for the hand-written C++ RMSNorm CPU operator (fusionlab::rms_norm_cpu)."""
 
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import assert_streams, rounding_tol, streamed_shape, strided_views
 
 from fusionlab.kernels.rmsnorm import cpu_cpp
 
@@ -16,13 +16,7 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE
 
 EPS = 1e-6
 OP_NAME = "fusionlab::rms_norm_cpu"
-# The kernel rounds its fp32 result once, so the error vs float64 is one unit roundoff of the
-# output type (2^-8 bf16, 2^-11 fp16) plus fp32 accumulation error (well under 1e-5 here).
-TOL = {
-    torch.float32: {"rtol": 1e-5, "atol": 1e-6},
-    torch.bfloat16: {"rtol": 2**-8 + 1e-5, "atol": 1e-6},
-    torch.float16: {"rtol": 2**-11 + 1e-5, "atol": 1e-6},
-}
+TOL = rounding_tol(atol=1e-6)
 
 
 _LOAD_AND_SAY = (
@@ -123,21 +117,9 @@ def test_float16(shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_large_output_streaming_path(dtype):
-    # 8 MiB and up is written with non-temporal stores when the output's pages are already mapped
-    # and with plain stores when they are fresh. An early call may get fresh pages; once malloc
-    # reuses a freed block, the output faults no pages and takes the streaming path.
-    rows = (8 << 20) // (2048 * torch.empty((), dtype=dtype).element_size())
-    x, weight = make((rows, 2048), dtype, seed=1)
-    pages = x.nbytes // resource.getpagesize()
-    expected = reference(x, weight)
-    faults = []
-    for _ in range(6):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        y = cpu_cpp.rms_norm_cpp(x, weight, EPS, 16)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        torch.testing.assert_close(y.double(), expected, **TOL[dtype])
-        del y
-    assert min(faults) < pages // 2, f"no call reused a mapped output: {faults} faults of {pages}"
+    x, weight = make(streamed_shape(dtype), dtype, seed=1)
+    assert_streams(lambda: cpu_cpp.rms_norm_cpp(x, weight, EPS, 16), x, reference(x, weight),
+                   TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -150,14 +132,7 @@ def test_fresh_large_output_plain_store_path(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_non_contiguous_inputs(dtype):
     base, _ = make((6, 8, 130), dtype, seed=2)
-    views = {
-        "transposed": base[0].t(),  # last-dim stride != 1: copied
-        "column slice": base[..., 3:103],  # uniform row stride, read in place
-        "row step": base[:, ::2],
-        "permuted": base.permute(1, 0, 2),  # rows not at a uniform stride: copied
-        "expanded": base[0, :1].expand(5, 130),  # row stride 0
-    }
-    for name, x in views.items():
+    for name, x in strided_views(base).items():
         assert not x.is_contiguous(), name
         check(x, make(x.shape, dtype, seed=3)[1])
 

@@ -3,8 +3,7 @@ its in-place flavour fusionlab::add_rms_norm_cpu_)."""
 
 from __future__ import annotations
 
-import resource
-
+import helpers
 import pytest
 import torch
 
@@ -15,13 +14,8 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE
 
 EPS = 1e-6
 ROWS_PER_TASK = cpu_cpp.TUNABLES["rows_per_task"]
-# residual_out is the fp32 sum rounded once; out is the fp32 result rounded once: a unit
-# roundoff of the output type (2^-8 bf16, 2^-11 fp16) plus fp32 accumulation error.
-TOL = {
-    torch.float32: {"rtol": 1e-5, "atol": 1e-6},
-    torch.bfloat16: {"rtol": 2**-8 + 1e-5, "atol": 1e-6},
-    torch.float16: {"rtol": 2**-11 + 1e-5, "atol": 1e-6},
-}
+# residual_out is the fp32 sum rounded once; out is the fp32 result rounded once.
+TOL = helpers.rounding_tol(atol=1e-6)
 Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Pair = tuple[torch.Tensor, torch.Tensor]
 
@@ -78,14 +72,7 @@ def check_in_place(x, residual, weight, rows_per_task: int = 4) -> None:
     assert torch.equal(weight, weight_before)
 
 
-SHAPES = [
-    (1, 4096), (4096,), (1, 1), (5, 7), (3, 1000), (2, 5000), (3, 5, 96), (37, 130), (2, 8192)
-]
-
-
-@pytest.mark.parametrize("rows_per_task", ROWS_PER_TASK)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@helpers.over_cpp_cases(ROWS_PER_TASK, widest=(2, 8192))
 def test_matches_float64_reference(shape, dtype, rows_per_task):
     check_out_of_place(*make(shape, dtype), rows_per_task)
     check_in_place(*make(shape, dtype), rows_per_task)
@@ -98,36 +85,16 @@ def test_float16():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_large_output_streaming_path(dtype):
-    # Two 8 MiB outputs, written with non-temporal stores when their pages are already mapped and
-    # with plain stores when they are fresh. An early call may get fresh pages; once malloc reuses
-    # freed blocks, the outputs fault no pages and take the streaming path.
-    rows = (8 << 20) // (2048 * dtype.itemsize)
-    x, residual, weight = make((rows, 2048), dtype, seed=1)
-    pages = 2 * x.nbytes // resource.getpagesize()  # both outputs
-    expected = reference(x, residual, weight)
-    faults = []
-    for _ in range(6):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        result = cpu_cpp.add_rms_norm_cpp(x, residual, weight, EPS, 16)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        check_values(result, x, expected)
-        del result
-    assert min(faults) < pages // 2, f"no call reused mapped outputs: {faults} faults of {pages}"
+    x, residual, weight = make(helpers.streamed_shape(dtype), dtype, seed=1)  # two 8 MiB outputs
+    helpers.assert_streams(lambda: cpu_cpp.add_rms_norm_cpp(x, residual, weight, EPS, 16), x,
+                   reference(x, residual, weight), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_non_contiguous_inputs(dtype):
-    def views(base: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {
-            "transposed": base[0].t(),  # last-dim stride != 1
-            "column slice": base[..., 3:103],  # uniform row stride, used in place
-            "row step": base[:, ::2],
-            "permuted": base.permute(1, 0, 2),  # rows not at a uniform stride
-        }
-
-    for name in views(torch.empty(6, 8, 130)):
+    for name in helpers.strided_views(torch.empty(6, 8, 130), expanded=False):
         x_base, r_base, _ = make((6, 8, 130), dtype, seed=2)
-        x, residual = views(x_base)[name], views(r_base)[name]
+        x, residual = helpers.strided_views(x_base)[name], helpers.strided_views(r_base)[name]
         weight = make(x.shape, dtype, seed=3)[2]
         assert not x.is_contiguous() and not residual.is_contiguous(), name
         check_out_of_place(x, residual, weight)
@@ -135,7 +102,7 @@ def test_non_contiguous_inputs(dtype):
         outside_x, outside_r = x_base.clone(), r_base.clone()
         check_in_place(x, residual, weight)
         untouched = torch.ones_like(x_base, dtype=torch.bool)
-        views(untouched)[name].fill_(False)
+        helpers.strided_views(untouched)[name].fill_(False)
         assert torch.equal(x_base[untouched], outside_x[untouched]), name
         assert torch.equal(r_base[untouched], outside_r[untouched]), name
 
@@ -204,10 +171,4 @@ def test_profiler_sees_one_op_record_per_call(fn, name):
 def test_module_contract():
     assert set(cpu_cpp.TUNABLES) == {"rows_per_task", "store"}
     assert set(cpu_cpp.INPLACE_TUNABLES) == {"rows_per_task", "passes", "task_bytes"}
-    assert all(cpu_cpp.param_error((2, 64), rows_per_task=r) is None for r in ROWS_PER_TASK)
-    assert cpu_cpp.param_error((2, 64), rows_per_task=0) is not None
-    # "stream" only where it can take effect: big enough, rows of whole 64-byte lines.
-    assert cpu_cpp.param_error((2048, 4096), rows_per_task=1, store="stream") is None
-    assert "smaller outputs" in cpu_cpp.param_error((2, 64), rows_per_task=1, store="stream")
-    assert "multiple of 32" in cpu_cpp.param_error((8192, 100), rows_per_task=1, store="stream")
-    assert cpu_cpp.load_extension() == 0.0
+    helpers.assert_cpp_contract(cpu_cpp)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import resource
-
+import helpers
 import pytest
 import torch
 
@@ -14,12 +13,7 @@ pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE
 
 EPS = 1e-5
 ROWS_PER_TASK = cpu_cpp.TUNABLES["rows_per_task"]
-# One rounding of the fp32 result: a unit roundoff of the output type plus fp32 error.
-TOL = {
-    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
-    torch.bfloat16: {"rtol": 2**-8 + 1e-5, "atol": 1e-5},
-    torch.float16: {"rtol": 2**-11 + 1e-5, "atol": 1e-5},
-}
+TOL = helpers.rounding_tol(atol=1e-5)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -52,14 +46,7 @@ def check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, rows_per_ta
     torch.testing.assert_close(y.double(), reference(x, weight, bias), **(tol or TOL[x.dtype]))
 
 
-SHAPES = [
-    (1, 4096), (4096,), (1, 1), (5, 7), (3, 1000), (2, 5000), (3, 5, 96), (37, 130), (3, 8192)
-]
-
-
-@pytest.mark.parametrize("rows_per_task", ROWS_PER_TASK)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@helpers.over_cpp_cases(ROWS_PER_TASK, widest=(3, 8192))
 def test_matches_float64_reference(shape, dtype, rows_per_task):
     check(*make(shape, dtype), rows_per_task)
 
@@ -78,34 +65,15 @@ def test_large_mean_does_not_cancel(shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_large_output_streaming_path(dtype):
-    # 8 MiB and up is written with non-temporal stores when the output's pages are already mapped
-    # and with plain stores when they are fresh. An early call may get fresh pages; once malloc
-    # reuses a freed block, the output faults no pages and takes the streaming path.
-    rows = (8 << 20) // (2048 * dtype.itemsize)
-    x, weight, bias = make((rows, 2048), dtype, seed=1)
-    pages = x.nbytes // resource.getpagesize()
-    expected = reference(x, weight, bias)
-    faults = []
-    for _ in range(6):
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        y = cpu_cpp.layer_norm_cpp(x, weight, bias, EPS, 16)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-        torch.testing.assert_close(y.double(), expected, **TOL[dtype])
-        del y
-    assert min(faults) < pages // 2, f"no call reused a mapped output: {faults} faults of {pages}"
+    x, weight, bias = make(helpers.streamed_shape(dtype), dtype, seed=1)
+    helpers.assert_streams(lambda: cpu_cpp.layer_norm_cpp(x, weight, bias, EPS, 16), x,
+                   reference(x, weight, bias), TOL[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_non_contiguous_inputs(dtype):
     base, _, _ = make((6, 8, 130), dtype, seed=2)
-    views = {
-        "transposed": base[0].t(),  # last-dim stride != 1: copied
-        "column slice": base[..., 3:103],  # uniform row stride, read in place
-        "row step": base[:, ::2],
-        "permuted": base.permute(1, 0, 2),  # rows not at a uniform stride: copied
-        "expanded": base[0, :1].expand(5, 130),  # row stride 0
-    }
-    for name, x in views.items():
+    for name, x in helpers.strided_views(base).items():
         assert not x.is_contiguous(), name
         before = base.clone()
         check(x, *make(x.shape, dtype, seed=3)[1:])
@@ -147,10 +115,4 @@ def test_profiler_sees_one_op_record_per_call():
 
 def test_module_contract():
     assert set(cpu_cpp.TUNABLES) == {"rows_per_task", "store", "stats", "row_group"}
-    assert all(cpu_cpp.param_error((2, 64), rows_per_task=r) is None for r in ROWS_PER_TASK)
-    assert cpu_cpp.param_error((2, 64), rows_per_task=0) is not None
-    # "stream" only where it can take effect: big enough, rows of whole 64-byte lines.
-    assert cpu_cpp.param_error((2048, 4096), rows_per_task=1, store="stream") is None
-    assert "smaller outputs" in cpu_cpp.param_error((2, 64), rows_per_task=1, store="stream")
-    assert "multiple of 32" in cpu_cpp.param_error((8192, 100), rows_per_task=1, store="stream")
-    assert cpu_cpp.load_extension() == 0.0
+    helpers.assert_cpp_contract(cpu_cpp)

@@ -19,10 +19,10 @@ import optuna
 import pytest
 import sqlalchemy
 from conftest import PLUGINS
+from helpers import finished_trials
 from pg_cluster import PG_BIN, SCRIPT
 
 from fusionlab.search import claims
-from fusionlab.search import results_store as store
 from fusionlab.search.retry import RetryingStorage, RetryPolicy, StorageUnavailable, is_transient
 from fusionlab.search.storage import open_storage
 
@@ -128,15 +128,9 @@ class Running:
 
 def _finished_per_config(url: str) -> Counter[str]:
     """How many finished (measured) trials each configuration has, over every stored cell."""
-    storage = open_storage(url, must_exist=True)
     counts: Counter[str] = Counter()
-    for name in optuna.get_all_study_names(storage):
-        study = optuna.load_study(study_name=name, storage=storage)
-        for trial in study.get_trials(deepcopy=False, states=(
-                optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL)):
-            key = trial.user_attrs.get(claims.CONFIG)
-            if key is not None and not store.is_verdict_key(key):
-                counts[key] += 1
+    for (_, config), n in finished_trials(url).items():
+        counts[config] += n
     return counts
 
 

@@ -9,21 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PLUGINS, run_cli
+from conftest import probe_sweep, run_cli
 from helpers import sqlite_url
 
 from fusionlab import Dispatcher
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
-
-PROBE = str(PLUGINS / "threads_probe.py")
-
-
-def _sweep(tmp_path: Path, url: str, *extra: str) -> None:
-    result = run_cli("sweep", "rmsnorm", "--quick", "--shapes", "4x256", "--variants",
-                     "threads-probe,builtin", "--plugin", PROBE, "--storage", url, *extra,
-                     cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
@@ -32,10 +23,10 @@ def test_threads_are_applied_recorded_and_dispatched_on(tmp_path: Path,
     probe = tmp_path / "threads.txt"
     monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
     url = sqlite_url(tmp_path / "threads.db")
-    _sweep(tmp_path, url, "--threads", "1")
+    probe_sweep(tmp_path, url, "threads", "--threads", "1")
     assert set(probe.read_text().split()) == {"1"}
     probe.unlink()
-    _sweep(tmp_path, url, "--threads", "2")
+    probe_sweep(tmp_path, url, "threads", "--threads", "2")
     assert set(probe.read_text().split()) == {"2"}
 
     cells = load_cells(open_storage(url, must_exist=True), "rmsnorm")
@@ -66,7 +57,7 @@ def test_a_sweep_without_threads_uses_torchs_count(tmp_path: Path,
     monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # what torch uses in the command
     url = sqlite_url(tmp_path / "default.db")
-    _sweep(tmp_path, url)
+    probe_sweep(tmp_path, url, "threads")
     (cell,) = load_cells(open_storage(url, must_exist=True), "rmsnorm")
     assert cell.cell.threads == 1 and set(probe.read_text().split()) == {"1"}
 
@@ -87,7 +78,7 @@ def test_pinned_workers_measure_every_configuration_once(tmp_path: Path,
     monkeypatch.setenv("FUSIONLAB_THREADS_PROBE", str(probe))
     monkeypatch.setenv("FUSIONLAB_AFFINITY_PROBE", str(affinity))
     url = f"journal:{tmp_path / 'pinned.journal'}"
-    _sweep(tmp_path, url, "--workers", "2", "--pin")
+    probe_sweep(tmp_path, url, "threads", "--workers", "2", "--pin")
     (cell,) = load_cells(open_storage(url, must_exist=True), "rmsnorm")
     assert cell.cell.threads == 1
     measured = sorted(r.variant for r in cell.records)

@@ -33,10 +33,8 @@ def _contender(
 
 
 def test_clearly_faster_and_interval_holds_the_true_ratio() -> None:
-    verdict = decide([
-        _contender("compiled", "compiled", 1.10, 0.01, seed=1),
-        _contender("cpp", "custom", 1.00, 0.01, seed=2),
-    ])
+    verdict = decide([_contender("compiled", "compiled", 1.10, 0.01, seed=1),
+                      _contender("cpp", "custom", 1.00, 0.01, seed=2)])
     assert verdict.ranking == ["cpp", "compiled"]
     assert (verdict.winner, verdict.runner_up, verdict.decision) == ("cpp", "compiled", "faster")
     assert verdict.ci_low > 1 + THRESHOLD
@@ -46,10 +44,8 @@ def test_clearly_faster_and_interval_holds_the_true_ratio() -> None:
 
 
 def test_identical_distributions_are_equivalent_and_the_simpler_kind_wins() -> None:
-    verdict = decide([
-        _contender("cpp", "custom", 1.0, 0.01, seed=3),
-        _contender("builtin", "builtin", 1.0, 0.01, seed=4),
-    ])
+    verdict = decide([_contender("cpp", "custom", 1.0, 0.01, seed=3),
+                      _contender("builtin", "builtin", 1.0, 0.01, seed=4)])
     assert verdict.decision == "equivalent"
     assert set(verdict.equivalent_group) == {"cpp", "builtin"}
     assert verdict.winner == "builtin"
@@ -60,10 +56,8 @@ def test_identical_distributions_are_equivalent_and_the_simpler_kind_wins() -> N
 
 def test_too_noisy_to_tell_is_inconclusive_and_names_the_better_point_estimate() -> None:
     # 10% apart with 40% noise per sample and 5 rounds: the interval spans 1.03 and 1/1.03.
-    verdict = decide([
-        _contender("builtin", "builtin", 1.1, 0.4, seed=40),
-        _contender("cpp", "custom", 1.0, 0.4, seed=41),
-    ])
+    verdict = decide([_contender("builtin", "builtin", 1.1, 0.4, seed=40),
+                      _contender("cpp", "custom", 1.0, 0.4, seed=41)])
     assert verdict.decision == "inconclusive"
     assert verdict.ci_low < 1 + THRESHOLD < verdict.ci_high
     assert verdict.winner == verdict.ranking[0]  # the better point estimate, not the simpler
@@ -83,20 +77,16 @@ def test_interval_classification_at_the_edges() -> None:
 
 
 def test_same_kind_tie_is_broken_by_first_use_cost() -> None:
-    verdict = decide([
-        _contender("cpp-a", "custom", 1.0, 0.01, seed=5, first_use_ms=900.0),
-        _contender("cpp-b", "custom", 1.0, 0.01, seed=6, first_use_ms=2.0),
-    ])
+    verdict = decide([_contender("cpp-a", "custom", 1.0, 0.01, seed=5, first_use_ms=900.0),
+                      _contender("cpp-b", "custom", 1.0, 0.01, seed=6, first_use_ms=2.0)])
     assert verdict.decision == "equivalent"
     assert verdict.winner == "cpp-b"
     assert "lower first-use cost" in verdict.reason
 
 
 def test_one_percent_apart_is_equivalent() -> None:
-    verdict = decide([
-        _contender("cpp", "custom", 1.00, 0.005, seed=7),
-        _contender("compiled", "compiled", 1.01, 0.005, seed=8),
-    ])
+    verdict = decide([_contender("cpp", "custom", 1.00, 0.005, seed=7),
+                      _contender("compiled", "compiled", 1.01, 0.005, seed=8)])
     assert verdict.decision == "equivalent"
     assert verdict.ci_high < 1 + THRESHOLD
     assert verdict.winner == "compiled"  # simpler than custom, and within the threshold
@@ -105,10 +95,8 @@ def test_one_percent_apart_is_equivalent() -> None:
 
 
 def test_noisy_but_twenty_percent_apart_is_faster() -> None:
-    verdict = decide([
-        _contender("builtin", "builtin", 1.2, 0.15, seed=9),
-        _contender("cpp", "custom", 1.0, 0.15, seed=10),
-    ])
+    verdict = decide([_contender("builtin", "builtin", 1.2, 0.15, seed=9),
+                      _contender("cpp", "custom", 1.0, 0.15, seed=10)])
     assert verdict.decision == "faster"
     assert verdict.winner == "cpp"
     assert verdict.ci_low > 1 + THRESHOLD
@@ -125,10 +113,8 @@ def test_same_input_gives_the_same_interval() -> None:
 
 def test_drift_shared_by_a_round_does_not_change_the_ranking() -> None:
     drift = [1.0, 1.6, 0.8, 2.0, 1.3]  # each round is slower or faster for every contender alike
-    verdict = decide([
-        _contender("compiled", "compiled", 1.08, 0.01, seed=13, drift=drift),
-        _contender("cpp", "custom", 1.00, 0.01, seed=14, drift=drift),
-    ])
+    verdict = decide([_contender("compiled", "compiled", 1.08, 0.01, seed=13, drift=drift),
+                      _contender("cpp", "custom", 1.00, 0.01, seed=14, drift=drift)])
     assert verdict.ranking == ["cpp", "compiled"]
     assert verdict.decision == "faster"  # pairing by round cancels the drift in the ratio
     assert verdict.ci_low <= 1.08 <= verdict.ci_high
@@ -173,10 +159,8 @@ def test_unpaired_rounds_are_refused() -> None:
 
 
 def test_verdict_round_trips_through_a_plain_dict() -> None:
-    verdict = decide([
-        _contender("cpp", "custom", 1.0, 0.02, seed=20),
-        _contender("compiled", "compiled", 1.1, 0.02, seed=21),
-    ])
+    verdict = decide([_contender("cpp", "custom", 1.0, 0.02, seed=20),
+                      _contender("compiled", "compiled", 1.1, 0.02, seed=21)])
     assert Verdict.from_dict(json.loads(json.dumps(verdict.to_dict()))) == verdict
 
 
@@ -204,10 +188,8 @@ def test_latency_is_the_median_of_the_round_medians_worked_by_hand() -> None:
 
 
 def test_a_tie_goes_to_the_contender_whose_first_use_is_known() -> None:
-    verdict = decide([
-        _contender("unknown", "custom", 1.0, 0.03, seed=43, first_use_ms=None),
-        _contender("known", "custom", 1.0, 0.03, seed=44, first_use_ms=500.0),
-    ])
+    verdict = decide([_contender("unknown", "custom", 1.0, 0.03, seed=43, first_use_ms=None),
+                      _contender("known", "custom", 1.0, 0.03, seed=44, first_use_ms=500.0)])
     assert verdict.decision == "equivalent" and verdict.winner == "known"
 
 
@@ -220,10 +202,8 @@ def test_contenders_without_samples_are_refused() -> None:
 
 
 def test_an_unknown_kind_ranks_after_every_known_one_in_a_tie() -> None:
-    verdict = decide([
-        _contender("mystery", "hand-rolled", 1.0, 0.03, seed=41),
-        _contender("cpp", "custom", 1.0, 0.03, seed=42),
-    ])
+    verdict = decide([_contender("mystery", "hand-rolled", 1.0, 0.03, seed=41),
+                      _contender("cpp", "custom", 1.0, 0.03, seed=42)])
     assert verdict.decision == "equivalent" and verdict.winner == "cpp"
 
 

@@ -101,18 +101,24 @@ def _done_lines(stderr: str) -> dict[str, int]:
     return {name: int(count) for name, count in found}
 
 
-def test_workers_measure_the_one_worker_configuration_set_once(url: str, tmp_path) -> None:
-    alone = f"journal:{tmp_path / 'alone.log'}"
+@pytest.fixture(scope="module")
+def one_worker_configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """Each cell's configurations as one worker's sweep measures them, shared by both storages."""
+    alone = f"journal:{tmp_path_factory.mktemp('alone') / 'alone.log'}"
     single = _fusionlab(*SWEEP, "--storage", alone)
     assert single.returncode == 0, single.stderr
+    return {name: set(counts) for name, counts in _config_sets(alone).items()}
+
+
+def test_workers_measure_the_one_worker_configuration_set_once(
+        url: str, one_worker_configs: dict[str, set[str]]) -> None:
     # Setups long enough that a worker whose start lags by seconds on a loaded machine still
     # finds configurations left to claim.
     many = _fusionlab(*SWEEP, "--storage", url, "--workers", "3",
                       env=_env(FUSIONLAB_TEST_SETUP_S="1.0"))
     assert many.returncode == 0, many.stderr
-    expected = {name: set(counts) for name, counts in _config_sets(alone).items()}
     got = _config_sets(url)
-    assert {name: set(counts) for name, counts in got.items()} == expected
+    assert {name: set(counts) for name, counts in got.items()} == one_worker_configs
     assert all(n == 1 for counts in got.values() for n in counts.values()), got
     assert all(len(counts) == CONFIGS_PER_CELL for counts in got.values())
     # Every worker measured: three workers' records are in the storage, each with some, and
