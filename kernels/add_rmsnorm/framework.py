@@ -6,12 +6,10 @@ from __future__ import annotations
 import torch
 
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
+from fusionlab.kernels.common.framework_variants import DEVICES, register_framework_variants
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
-from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
-
-_DEVICES = ("cpu", "cuda", "neuron")
 
 
 def naive_add_rmsnorm(
@@ -63,19 +61,13 @@ def builtin_add_rmsnorm_(
     return x, residual
 
 
-@register_variant(
-    ADD_RMSNORM.name, "naive", devices=_DEVICES, kind="baseline", numerics=CASTING_MODES
-)
-def naive(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """x + residual, then square, mean, add eps, rsqrt and two multiplies as separate ops."""
+def naive_chain(numerics: Numerics) -> Kernel:
+    """The naive chain with these numerics (the fp32 add and norm for the default)."""
     return naive_add_rmsnorm if numerics == DEFAULT else chain_with(numerics)
 
 
-@register_variant(
-    ADD_RMSNORM.name, "builtin", devices=_DEVICES, kind="builtin", numerics=("none", "gemma")
-)
-def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """x + residual, then torch.rms_norm."""
+def builtin_with(numerics: Numerics) -> Kernel:
+    """x + residual, then torch.rms_norm (an fp32 weight plus the offset for other numerics)."""
     if numerics == DEFAULT:
         return builtin_add_rmsnorm
     if numerics.rounds_normed:
@@ -93,30 +85,24 @@ def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
     return builtin_add_rmsnorm_offset
 
 
-@register_variant(
-    ADD_RMSNORM.name,
-    "builtin-inplace",
-    devices=_DEVICES,
-    kind="builtin",
-    inplace={"y": "x", "residual_out": "residual"},
-)
-def builtin_inplace(device_type: str) -> Kernel:
-    """residual.add_(x), then torch.rms_norm written back into x (in place, as vLLM does)."""
-    return builtin_add_rmsnorm_
+def _register_builtin_inplace() -> None:
+    register_variant(ADD_RMSNORM.name, "builtin-inplace", devices=DEVICES, kind="builtin",
+                     inplace={"y": "x", "residual_out": "residual"},
+                     description="residual.add_(x), then torch.rms_norm written back into x "
+                     "(in place, as vLLM does).")(lambda device_type: builtin_add_rmsnorm_)
 
 
-@register_variant(
+register_framework_variants(
     ADD_RMSNORM.name,
-    "compiled",
-    devices=_DEVICES,
-    tunables=COMPILE_TUNABLES,
-    check_params=compile_rejects,
-    kind="compiled",
+    chain=naive_chain,
+    builtin=builtin_with,
+    descriptions=(
+        "x + residual, then square, mean, add eps, rsqrt and two multiplies as separate ops.",
+        "x + residual, then torch.rms_norm.",
+        "torch.compile of the naive chain: inductor fuses the add into the norm.",
+    ),
     numerics=CASTING_MODES,
+    builtin_numerics=("none", "gemma"),
+    exact_casts=lambda numerics: numerics.rounds_sum,
+    before_compiled=_register_builtin_inplace,
 )
-def compiled(
-    device_type: str, mode: str, dynamic: bool, numerics: Numerics = DEFAULT
-) -> Kernel:
-    """torch.compile of the naive chain: inductor fuses the add into the norm."""
-    chain = naive_add_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_sum)

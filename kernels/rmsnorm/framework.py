@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from fusionlab.kernels.common.framework_variants import register_framework_variants
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
-from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
-from fusionlab.registry import Kernel, register_variant
+from fusionlab.registry import Kernel
 
 
 def builtin_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -24,21 +24,13 @@ def chain_with(numerics: Numerics) -> Kernel:
     return rmsnorm_chain
 
 
-@register_variant(
-    RMSNORM.name, "naive", devices=("cpu", "cuda", "neuron"), kind="baseline",
-    numerics=CASTING_MODES,
-)
-def naive(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """Square, mean, add eps, rsqrt and two multiplies as separate ATen ops."""
+def naive_chain(numerics: Numerics) -> Kernel:
+    """The naive chain with these numerics (the seed's own chain for the default)."""
     return naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
 
 
-@register_variant(
-    RMSNORM.name, "builtin", devices=("cpu", "cuda", "neuron"), kind="builtin",
-    numerics=("none", "gemma"),
-)
-def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """torch.rms_norm (aten::rms_norm, fused where the backend has a fused kernel)."""
+def builtin_with(numerics: Numerics) -> Kernel:
+    """torch.rms_norm, with an fp32 weight plus the offset for numerics other than the default."""
     if numerics == DEFAULT:
         return builtin_rmsnorm
     if numerics.rounds_normed:
@@ -52,18 +44,16 @@ def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
     return builtin_rmsnorm_offset
 
 
-@register_variant(
+register_framework_variants(
     RMSNORM.name,
-    "compiled",
-    devices=("cpu", "cuda", "neuron"),
-    tunables=COMPILE_TUNABLES,
-    check_params=compile_rejects,
-    kind="compiled",
+    chain=naive_chain,
+    builtin=builtin_with,
+    descriptions=(
+        "Square, mean, add eps, rsqrt and two multiplies as separate ATen ops.",
+        "torch.rms_norm (aten::rms_norm, fused where the backend has a fused kernel).",
+        "torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron).",
+    ),
     numerics=CASTING_MODES,
+    builtin_numerics=("none", "gemma"),
+    exact_casts=lambda numerics: numerics.rounds_normed,
 )
-def compiled(
-    device_type: str, mode: str, dynamic: bool, numerics: Numerics = DEFAULT
-) -> Kernel:
-    """torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron)."""
-    chain = naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_normed)

@@ -1,0 +1,51 @@
+"""The framework lowerings every norm op registers, on every device: its naive ATen chain (the
+baseline every speedup is measured against), the framework's own builtin, and torch.compile of
+the naive chain. What differs per op: the chain and the builtin for given numerics, the casting
+modes each implements, and which numerics need inductor to keep every 16-bit rounding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
+from fusionlab.numerics import DEFAULT, Numerics
+from fusionlab.registry import Kernel, register_variant
+
+DEVICES = ("cpu", "cuda", "neuron")
+Lowering = Callable[[Numerics], Kernel]
+
+
+def _never_exact(numerics: Numerics) -> bool:
+    return False
+
+
+def register_framework_variants(
+    op: str, *, chain: Lowering, builtin: Lowering, descriptions: tuple[str, str, str],
+    numerics: Sequence[str] = ("none",), builtin_numerics: Sequence[str] = ("none",),
+    exact_casts: Callable[[Numerics], bool] = _never_exact,
+    before_compiled: Callable[[], object] | None = None,
+) -> None:
+    """Register `op`'s variants naive (`chain`), builtin (`builtin`) and compiled (torch.compile
+    of `chain`), described by `descriptions` in that order; `before_compiled` registers the
+    variants listed between builtin and compiled."""
+    naive_what, builtin_what, compiled_what = descriptions
+
+    def naive(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
+        return chain(numerics)
+
+    def builtin_lowering(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
+        return builtin(numerics)
+
+    def compiled(device_type: str, mode: str, dynamic: bool,
+                 numerics: Numerics = DEFAULT) -> Kernel:
+        return compiled_copy(chain(numerics), device_type, mode, dynamic, exact_casts(numerics))
+
+    register_variant(op, "naive", devices=DEVICES, kind="baseline", numerics=numerics,
+                     description=naive_what)(naive)
+    register_variant(op, "builtin", devices=DEVICES, kind="builtin", numerics=builtin_numerics,
+                     description=builtin_what)(builtin_lowering)
+    if before_compiled is not None:
+        before_compiled()
+    register_variant(op, "compiled", devices=DEVICES, tunables=COMPILE_TUNABLES,
+                     check_params=compile_rejects, kind="compiled", numerics=numerics,
+                     description=compiled_what)(compiled)
