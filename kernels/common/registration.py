@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from fusionlab.numerics import Numerics
+from fusionlab.kernels.common.backward_choices import fused_backward
+from fusionlab.numerics import DEFAULT, Numerics
 from fusionlab.registry import Kernel, TunableSpace, register_variant
 
 Factory = Callable[..., Kernel]
@@ -59,3 +60,21 @@ def with_numerics(kernel: Callable[..., Any], numerics: Numerics | None,
     if numerics is None:
         return functools.partial(kernel, **params)
     return functools.partial(kernel, casting=numerics.casting, offset=numerics.offset, **params)
+
+
+def cpp_kernel(backward: str, fused: Mapping[str, Callable[..., Any]],
+               load_fused: Callable[[], object], load: Callable[[], object],
+               forward: Callable[..., Any], params: Mapping[str, Any],
+               numerics: Numerics | None = None,
+               forward_with: Callable[..., Any] | None = None) -> Kernel:
+    """A C++ variant's kernel: the kernel of `fused` that `backward` names (after `load_fused`),
+    else `forward` (after `load`), or `forward_with` under numerics other than the default;
+    bound to `params` and, unless None, to `numerics`."""
+    kernel = fused_backward(backward, fused, load_fused)
+    if kernel is not None:
+        return with_numerics(kernel, numerics, params)
+    load()
+    if numerics is None or numerics == DEFAULT:
+        return with_numerics(forward, None, params)
+    assert forward_with is not None, "a kernel taking numerics has a forward_with"
+    return with_numerics(forward_with, numerics, params)

@@ -6,15 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES, fused_backward
-from fusionlab.kernels.common.registration import register_handwritten, with_numerics
-from fusionlab.kernels.layernorm import (
-    cpu_backward,
-    cpu_cpp,
-    nki_kernel,
-    triton_backward,
-    triton_kernel,
-)
+from fusionlab.kernels.common.registration import cpp_kernel, register_handwritten, with_numerics
+from fusionlab.kernels.layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
+from fusionlab.kernels.layernorm.triton_backward import layer_norm_triton_fused_grad
 from fusionlab.registry import Kernel
 
 
@@ -24,12 +19,10 @@ def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write;
     its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel (with the row
     statistics recomputed, or saved by the forward)."""
-    fused = fused_backward(backward, {"fused": cpu_backward.layer_norm_cpp_fused_grad,
-                                      "fused-saved": cpu_backward.layer_norm_cpp_saved_stats},
-                           cpu_backward.load_extension)
-    if fused is None:
-        cpu_cpp.load_extension()
-    return with_numerics(fused or cpu_cpp.layer_norm_cpp, None, params)
+    return cpp_kernel(backward, {"fused": cpu_backward.layer_norm_cpp_fused_grad,
+                                 "fused-saved": cpu_backward.layer_norm_cpp_saved_stats},
+                      cpu_backward.load_extension, cpu_cpp.load_extension, cpu_cpp.layer_norm_cpp,
+                      params)
 
 
 @register_handwritten(LAYERNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)
@@ -43,5 +36,5 @@ def nki(device_type: str, **params: Any) -> Kernel:
 def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """Triton kernel: mean and variance of each row from one read, several rows per program;
     its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
-    fused = fused_backward(backward, {"fused": triton_backward.layer_norm_triton_fused_grad})
+    fused = fused_backward(backward, {"fused": layer_norm_triton_fused_grad})
     return with_numerics(fused or triton_kernel.layer_norm_triton, None, params)
