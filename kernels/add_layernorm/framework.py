@@ -29,13 +29,8 @@ def builtin_add_layernorm(
     return F.layer_norm(total, (x.shape[-1],), weight, bias, eps), total
 
 
-register_framework_variants(
-    ADD_LAYERNORM.name,
-    chain=lambda numerics: naive_add_layernorm,
-    builtin=lambda numerics: builtin_add_layernorm,
-    descriptions=(
-        "x + residual, then mean, subtract, variance, rsqrt, multiply and add as separate ops.",
-        "x + residual, then torch.nn.functional.layer_norm (the model's own two ops).",
-        "torch.compile of the naive chain: inductor fuses the add into the norm.",
-    ),
-)
+register_framework_variants(ADD_LAYERNORM.name, naive_add_layernorm, builtin_add_layernorm, (
+    "x + residual, then mean, subtract, variance, rsqrt, multiply and add as separate ops.",
+    "x + residual, then torch.nn.functional.layer_norm (the model's own two ops).",
+    "torch.compile of the naive chain: inductor fuses the add into the norm.",
+))

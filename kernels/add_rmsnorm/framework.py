@@ -8,7 +8,7 @@ import torch
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
 from fusionlab.kernels.common.framework_variants import DEVICES, register_framework_variants
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
-from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
+from fusionlab.numerics import CASTING_MODES, Numerics
 from fusionlab.registry import Kernel, register_variant
 
 
@@ -61,17 +61,8 @@ def builtin_add_rmsnorm_(
     return x, residual
 
 
-def naive_chain(numerics: Numerics) -> Kernel:
-    """The naive chain with these numerics (the fp32 add and norm for the default)."""
-    return naive_add_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-
-
-def builtin_with(numerics: Numerics) -> Kernel:
-    """x + residual, then torch.rms_norm (an fp32 weight plus the offset for other numerics)."""
-    if numerics == DEFAULT:
-        return builtin_add_rmsnorm
-    if numerics.rounds_normed:
-        raise ValueError("builtin add_rmsnorm cannot round the normalised row (casting 'llama')")
+def builtin_offset(numerics: Numerics) -> Kernel:
+    """x + residual, then torch.rms_norm with an fp32 weight plus the offset of `numerics`."""
     offset = numerics.offset
 
     def builtin_add_rmsnorm_offset(
@@ -93,14 +84,13 @@ def _register_builtin_inplace() -> None:
 
 
 register_framework_variants(
-    ADD_RMSNORM.name,
-    chain=naive_chain,
-    builtin=builtin_with,
-    descriptions=(
+    ADD_RMSNORM.name, naive_add_rmsnorm, builtin_add_rmsnorm, (
         "x + residual, then square, mean, add eps, rsqrt and two multiplies as separate ops.",
         "x + residual, then torch.rms_norm.",
         "torch.compile of the naive chain: inductor fuses the add into the norm.",
     ),
+    naive_with=chain_with,
+    builtin_with=builtin_offset,
     numerics=CASTING_MODES,
     builtin_numerics=("none", "gemma"),
     exact_casts=lambda numerics: numerics.rounds_sum,

@@ -28,13 +28,8 @@ def builtin_layernorm(
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-register_framework_variants(
-    LAYERNORM.name,
-    chain=lambda numerics: naive_layernorm,
-    builtin=lambda numerics: builtin_layernorm,
-    descriptions=(
-        "Mean, subtract, variance, rsqrt, multiply and add as separate ATen ops.",
-        "torch.nn.functional.layer_norm (aten::layer_norm, one native kernel).",
-        "torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron).",
-    ),
-)
+register_framework_variants(LAYERNORM.name, naive_layernorm, builtin_layernorm, (
+    "Mean, subtract, variance, rsqrt, multiply and add as separate ATen ops.",
+    "torch.nn.functional.layer_norm (aten::layer_norm, one native kernel).",
+    "torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron).",
+))

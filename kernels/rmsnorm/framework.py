@@ -7,7 +7,7 @@ import torch
 from fusionlab.kernels.common.framework_variants import register_framework_variants
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
-from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
+from fusionlab.numerics import CASTING_MODES, Numerics
 from fusionlab.registry import Kernel
 
 
@@ -24,17 +24,8 @@ def chain_with(numerics: Numerics) -> Kernel:
     return rmsnorm_chain
 
 
-def naive_chain(numerics: Numerics) -> Kernel:
-    """The naive chain with these numerics (the seed's own chain for the default)."""
-    return naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-
-
-def builtin_with(numerics: Numerics) -> Kernel:
-    """torch.rms_norm, with an fp32 weight plus the offset for numerics other than the default."""
-    if numerics == DEFAULT:
-        return builtin_rmsnorm
-    if numerics.rounds_normed:
-        raise ValueError("builtin rmsnorm cannot round the normalised row (casting 'llama')")
+def builtin_offset(numerics: Numerics) -> Kernel:
+    """torch.rms_norm with an fp32 weight plus the offset of `numerics`."""
     offset = numerics.offset
 
     def builtin_rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -45,14 +36,13 @@ def builtin_with(numerics: Numerics) -> Kernel:
 
 
 register_framework_variants(
-    RMSNORM.name,
-    chain=naive_chain,
-    builtin=builtin_with,
-    descriptions=(
+    RMSNORM.name, naive_rmsnorm, builtin_rmsnorm, (
         "Square, mean, add eps, rsqrt and two multiplies as separate ATen ops.",
         "torch.rms_norm (aten::rms_norm, fused where the backend has a fused kernel).",
         "torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron).",
     ),
+    naive_with=chain_with,
+    builtin_with=builtin_offset,
     numerics=CASTING_MODES,
     builtin_numerics=("none", "gemma"),
     exact_casts=lambda numerics: numerics.rounds_normed,
