@@ -14,7 +14,7 @@ import torch
 from fusionlab.kernels.add_layernorm import cpu_cpp
 from fusionlab.kernels.add_rmsnorm.cpu_backward import BACKWARD_CHOICES
 from fusionlab.kernels.common.backward_headers import ADD_NORM_BACKWARD
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 __all__ = ["BACKWARD_CHOICES", "add_layer_norm_cpp_fused_grad", "load_extension"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 from fusionlab.kernels.layernorm import cpu_cpp as layernorm_cpp
 
 TUNABLES = layernorm_cpp.TUNABLES

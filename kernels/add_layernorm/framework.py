@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fusionlab.kernels.add_layernorm.spec import ADD_LAYERNORM
-from fusionlab.kernels.common.framework_variants import register_framework_variants
+from fusionlab.kernels.framework_variants import register_framework_variants
 from fusionlab.kernels.layernorm.framework import naive_layernorm
 
 Pair = tuple[torch.Tensor, torch.Tensor]

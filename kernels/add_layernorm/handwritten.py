@@ -7,7 +7,7 @@ from typing import Any
 
 from fusionlab.kernels.add_layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_layernorm.spec import ADD_LAYERNORM
-from fusionlab.kernels.common.registration import cpp_kernel, register_handwritten, with_numerics
+from fusionlab.kernels.common.registration import chosen_kernel, register_handwritten, with_numerics
 from fusionlab.registry import Kernel
 
 
@@ -17,9 +17,9 @@ def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics of the fp32 sum in one read of
     x and residual, then both results written; its backward the torch ops of
     kernels/norm_grads.py or the fused C++ kernel."""
-    return cpp_kernel(backward, {"fused": cpu_backward.add_layer_norm_cpp_fused_grad},
-                      cpu_backward.load_extension, cpu_cpp.load_extension,
-                      cpu_cpp.add_layer_norm_cpp, params)
+    return chosen_kernel(backward, {"fused": cpu_backward.add_layer_norm_cpp_fused_grad},
+                         cpu_cpp.add_layer_norm_cpp, params,
+                         load_fused=cpu_backward.load_extension, load=cpu_cpp.load_extension)
 
 
 @register_handwritten(ADD_LAYERNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)

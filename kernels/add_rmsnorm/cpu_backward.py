@@ -14,7 +14,7 @@ import torch
 from fusionlab.kernels.add_rmsnorm import cpu_cpp
 from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
 from fusionlab.kernels.common.backward_headers import ADD_NORM_BACKWARD
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 __all__ = ["BACKWARD_CHOICES", "add_rms_norm_cpp_fused_grad", "load_extension"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpu_store
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_inplace, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_inplace, fake_like
 from fusionlab.kernels.rmsnorm import cpu_cpp as rmsnorm_cpp
 
 INPLACE_TUNABLES: dict[str, tuple[int | str, ...]] = {

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
-from fusionlab.kernels.common.framework_variants import DEVICES, register_framework_variants
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
-from fusionlab.numerics import CASTING_MODES, Numerics
+from fusionlab.kernels.framework_variants import DEVICES, register_framework_variants
+from fusionlab.numerics import Numerics
 from fusionlab.registry import Kernel, register_variant
 
 
@@ -91,8 +91,6 @@ register_framework_variants(
     ),
     naive_with=chain_with,
     builtin_with=builtin_offset,
-    numerics=CASTING_MODES,
-    builtin_numerics=("none", "gemma"),
     exact_casts=lambda numerics: numerics.rounds_sum,
     before_compiled=_register_builtin_inplace,
 )

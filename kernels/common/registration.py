@@ -62,18 +62,19 @@ def with_numerics(kernel: Callable[..., Any], numerics: Numerics | None,
     return functools.partial(kernel, casting=numerics.casting, offset=numerics.offset, **params)
 
 
-def cpp_kernel(backward: str, fused: Mapping[str, Callable[..., Any]],
-               load_fused: Callable[[], object], load: Callable[[], object],
-               forward: Callable[..., Any], params: Mapping[str, Any],
-               numerics: Numerics | None = None,
-               forward_with: Callable[..., Any] | None = None) -> Kernel:
-    """A C++ variant's kernel: the kernel of `fused` that `backward` names (after `load_fused`),
+def chosen_kernel(backward: str, fused: Mapping[str, Callable[..., Any]],
+                  forward: Callable[..., Any], params: Mapping[str, Any], *,
+                  load_fused: Callable[[], object] | None = None,
+                  load: Callable[[], object] | None = None, numerics: Numerics | None = None,
+                  forward_with: Callable[..., Any] | None = None) -> Kernel:
+    """A variant's kernel: the kernel of `fused` that `backward` names (after `load_fused`),
     else `forward` (after `load`), or `forward_with` under numerics other than the default;
     bound to `params` and, unless None, to `numerics`."""
     kernel = fused_backward(backward, fused, load_fused)
     if kernel is not None:
         return with_numerics(kernel, numerics, params)
-    load()
+    if load is not None:
+        load()
     if numerics is None or numerics == DEFAULT:
         return with_numerics(forward, None, params)
     assert forward_with is not None, "a kernel taking numerics has a forward_with"

@@ -14,7 +14,7 @@ import torch
 
 from fusionlab.kernels.common.backward_choices import SAVING_CHOICES as BACKWARD_CHOICES
 from fusionlab.kernels.common.backward_headers import NORM_BACKWARD, WELFORD_MOMENTS
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 from fusionlab.kernels.layernorm import cpu_cpp
 
 __all__ = ["BACKWARD_CHOICES", "layer_norm_cpp_fused_grad", "layer_norm_cpp_saved_stats",

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, cpu_store
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 TUNABLES: dict[str, tuple[int | str, ...]] = {
     "rows_per_task": (1, 4, 16, 64),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fusionlab.kernels.common.framework_variants import register_framework_variants
+from fusionlab.kernels.framework_variants import register_framework_variants
 from fusionlab.kernels.layernorm.spec import LAYERNORM
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES, fused_backward
-from fusionlab.kernels.common.registration import cpp_kernel, register_handwritten, with_numerics
+from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
+from fusionlab.kernels.common.registration import chosen_kernel, register_handwritten, with_numerics
 from fusionlab.kernels.layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
 from fusionlab.kernels.layernorm.triton_backward import layer_norm_triton_fused_grad
@@ -19,10 +19,10 @@ def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write;
     its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel (with the row
     statistics recomputed, or saved by the forward)."""
-    return cpp_kernel(backward, {"fused": cpu_backward.layer_norm_cpp_fused_grad,
-                                 "fused-saved": cpu_backward.layer_norm_cpp_saved_stats},
-                      cpu_backward.load_extension, cpu_cpp.load_extension, cpu_cpp.layer_norm_cpp,
-                      params)
+    return chosen_kernel(backward, {"fused": cpu_backward.layer_norm_cpp_fused_grad,
+                                    "fused-saved": cpu_backward.layer_norm_cpp_saved_stats},
+                         cpu_cpp.layer_norm_cpp, params, load_fused=cpu_backward.load_extension,
+                         load=cpu_cpp.load_extension)
 
 
 @register_handwritten(LAYERNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)
@@ -36,5 +36,5 @@ def nki(device_type: str, **params: Any) -> Kernel:
 def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """Triton kernel: mean and variance of each row from one read, several rows per program;
     its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
-    fused = fused_backward(backward, {"fused": layer_norm_triton_fused_grad})
-    return with_numerics(fused or triton_kernel.layer_norm_triton, None, params)
+    return chosen_kernel(backward, {"fused": layer_norm_triton_fused_grad},
+                         triton_kernel.layer_norm_triton, params)

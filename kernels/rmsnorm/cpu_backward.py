@@ -14,7 +14,7 @@ import torch
 
 from fusionlab.kernels.common.backward_choices import SAVING_CHOICES
 from fusionlab.kernels.common.backward_headers import NORM_BACKWARD
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 from fusionlab.kernels.rmsnorm import cpu_cpp
 
 BACKWARD_CHOICES = SAVING_CHOICES  # the forward can save each row's rstd: also fused-saved

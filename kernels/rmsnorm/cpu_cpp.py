@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from fusionlab.kernels import cpp_build, cpu_store
-from fusionlab.kernels.common.cpp_ops import CppOps, fake_like
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 ROWS_PER_TASK_CHOICES: tuple[int, ...] = (1, 4, 16, 64)
 TUNABLES: dict[str, tuple[int | str, ...]] = {

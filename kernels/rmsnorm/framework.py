@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from fusionlab.kernels.common.framework_variants import register_framework_variants
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
+from fusionlab.kernels.framework_variants import register_framework_variants
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
-from fusionlab.numerics import CASTING_MODES, Numerics
+from fusionlab.numerics import Numerics
 from fusionlab.registry import Kernel
 
 
@@ -43,7 +43,5 @@ register_framework_variants(
     ),
     naive_with=chain_with,
     builtin_with=builtin_offset,
-    numerics=CASTING_MODES,
-    builtin_numerics=("none", "gemma"),
     exact_casts=lambda numerics: numerics.rounds_normed,
 )

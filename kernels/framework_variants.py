@@ -5,13 +5,15 @@ casting modes each implements, and which numerics need inductor to keep every 16
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
-from fusionlab.numerics import DEFAULT, Numerics
+from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel, register_variant
 
 DEVICES = ("cpu", "cuda", "neuron")
+BUILTIN_CASTING_MODES = ("none", "gemma")
+"""The casting modes of a builtin with numerics: torch.rms_norm cannot round the normalised row."""
 Lowering = Callable[[Numerics], Kernel]
 
 
@@ -22,15 +24,16 @@ def _never_exact(numerics: Numerics) -> bool:
 def register_framework_variants(
     op: str, naive: Kernel, builtin: Kernel, descriptions: tuple[str, str, str], *,
     naive_with: Lowering | None = None, builtin_with: Lowering | None = None,
-    numerics: Sequence[str] = ("none",), builtin_numerics: Sequence[str] = ("none",),
     exact_casts: Callable[[Numerics], bool] = _never_exact,
     before_compiled: Callable[[], object] | None = None,
 ) -> None:
     """Register `op`'s variants naive (the chain `naive`), builtin (`builtin`) and compiled
     (torch.compile of the chain), described by `descriptions` in that order; under numerics other
-    than the default, the chain is `naive_with(numerics)` and the builtin `builtin_with(numerics)`
-    (which cannot round the normalised row). `before_compiled` registers the variants listed
-    between builtin and compiled."""
+    than the default, the chain is `naive_with(numerics)` (every casting mode) and the builtin
+    `builtin_with(numerics)` (BUILTIN_CASTING_MODES). `before_compiled` registers the variants
+    listed between builtin and compiled."""
+    numerics = ("none",) if naive_with is None else CASTING_MODES
+    builtin_numerics = ("none",) if builtin_with is None else BUILTIN_CASTING_MODES
 
     naive_what, builtin_what, compiled_what = descriptions
 
