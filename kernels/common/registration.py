@@ -79,3 +79,18 @@ def chosen_kernel(backward: str, fused: Mapping[str, Callable[..., Any]],
         return with_numerics(forward, None, params)
     assert forward_with is not None, "a kernel taking numerics has a forward_with"
     return with_numerics(forward_with, numerics, params)
+
+
+def register_with_fused_backward(
+    op: str, name: str, kernel_module: ModuleType, forward: Callable[..., Any],
+    fused: Callable[..., Any], *, devices: Sequence[str], backward_choices: tuple[str, ...],
+    description: str,
+) -> None:
+    """Register `op`'s variant `name`: the kernel `forward`, or `fused` where its `backward`
+    tunable is "fused" (a kernel with a fused backward that needs no build)."""
+
+    def factory(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
+        return chosen_kernel(backward, {"fused": fused}, forward, params)
+
+    register_handwritten(op, name, kernel_module, devices=devices, autograd=True,
+                         backward_choices=backward_choices, description=description)(factory)

@@ -6,7 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
-from fusionlab.kernels.common.registration import chosen_kernel, register_handwritten, with_numerics
+from fusionlab.kernels.common.registration import (
+    chosen_kernel,
+    register_handwritten,
+    register_with_fused_backward,
+    with_numerics,
+)
 from fusionlab.kernels.layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
 from fusionlab.kernels.layernorm.triton_backward import layer_norm_triton_fused_grad
@@ -31,10 +36,9 @@ def nki(device_type: str, **params: Any) -> Kernel:
     return with_numerics(nki_kernel.layer_norm_nki, None, params)
 
 
-@register_handwritten(LAYERNORM.name, "triton", triton_kernel, devices=("cuda",), autograd=True,
-                      backward_choices=RECOMPUTING_CHOICES)
-def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
-    """Triton kernel: mean and variance of each row from one read, several rows per program;
-    its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
-    return chosen_kernel(backward, {"fused": layer_norm_triton_fused_grad},
-                         triton_kernel.layer_norm_triton, params)
+# Its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel.
+register_with_fused_backward(
+    LAYERNORM.name, "triton", triton_kernel, triton_kernel.layer_norm_triton,
+    layer_norm_triton_fused_grad, devices=("cuda",), backward_choices=RECOMPUTING_CHOICES,
+    description="Triton kernel: mean and variance of each row from one read, several rows per "
+    "program;")

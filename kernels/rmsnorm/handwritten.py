@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionlab.kernels.common.registration import chosen_kernel, register_handwritten, with_numerics
+from fusionlab.kernels.common.registration import (
+    chosen_kernel,
+    register_handwritten,
+    register_with_fused_backward,
+    with_numerics,
+)
 from fusionlab.kernels.rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.kernels.rmsnorm.triton_backward import BACKWARD_CHOICES, rms_norm_triton_fused_grad
@@ -27,13 +32,12 @@ def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-o
                          forward_with=cpu_cpp.rms_norm_cpp_with)
 
 
-@register_handwritten(RMSNORM.name, "triton", triton_kernel, devices=("cuda",), autograd=True,
-                      backward_choices=BACKWARD_CHOICES)
-def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
-    """Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on each row;
-    its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
-    return chosen_kernel(backward, {"fused": rms_norm_triton_fused_grad},
-                         triton_kernel.rms_norm_triton, params)
+# Its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel.
+register_with_fused_backward(
+    RMSNORM.name, "triton", triton_kernel, triton_kernel.rms_norm_triton,
+    rms_norm_triton_fused_grad, devices=("cuda",), backward_choices=BACKWARD_CHOICES,
+    description="Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on "
+    "each row;")
 
 
 @register_handwritten(RMSNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)
