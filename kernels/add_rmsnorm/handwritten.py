@@ -7,7 +7,8 @@ from typing import Any
 
 from fusionlab.kernels.add_rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
-from fusionlab.kernels.common.registration import chosen_kernel, register_handwritten, with_numerics
+from fusionlab.kernels.common.kernel_choice import chosen_kernel
+from fusionlab.kernels.common.registration import register_handwritten, with_numerics
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel
 

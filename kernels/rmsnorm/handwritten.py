@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionlab.kernels.common.registration import (
-    chosen_kernel,
-    register_handwritten,
-    register_with_fused_backward,
-    with_numerics,
-)
+from fusionlab.kernels.common.kernel_choice import chosen_kernel, register_with_fused_backward
+from fusionlab.kernels.common.registration import register_handwritten, with_numerics
 from fusionlab.kernels.rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
 from fusionlab.kernels.rmsnorm.triton_backward import BACKWARD_CHOICES, rms_norm_triton_fused_grad
