@@ -32,16 +32,27 @@ def fake_inplace(*args: Any, **kwargs: Any) -> None:
     return None
 
 
+_resolved: dict[str, Callable[..., Any]] = {}
+"""Each operator looked up so far ("name" or "name.overload" in fusionlab's namespace)."""
+
+
+def _resolve(op: str) -> Callable[..., Any]:
+    name, _, overload = op.partition(".")
+    found = _resolved[op] = getattr(getattr(torch.ops.fusionlab, name), overload or "default")
+    return found
+
+
 class CppOps:
     """The operators `fusionlab::<name>` of one extension; `needs` loads an extension it
-    depends on first (its seconds counted with this one's)."""
+    depends on first (its seconds counted with this one's). Loading looks up every operator
+    that has a fake kernel here, so that a call traced by torch.compile finds it without a load
+    (a lock dynamo cannot trace)."""
 
     def __init__(self, name: str, sources: Sequence[Path], headers: Sequence[Path] = (), *,
                  fakes: Mapping[str, Fake], needs: Callable[[], float] | None = None) -> None:
         self._name, self._sources, self._headers = name, tuple(sources), tuple(headers)
         self._fakes, self._needs = dict(fakes), needs
         self._faked = False
-        self._ops: dict[str, Callable[..., Any]] = {}
 
     def load(self) -> float:
         """Build (first time per cache) or load the extension, once per process; seconds spent,
@@ -51,15 +62,14 @@ class CppOps:
         if not self._faked:
             for op_name, fake in self._fakes.items():
                 torch.library.register_fake(f"fusionlab::{op_name}")(fake)
+                _resolve(op_name)
             self._faked = True
         return seconds
 
     def __getitem__(self, op: str) -> Callable[..., Any]:
         """The operator `op` ("name" or "name.overload"), the extension loaded first."""
-        found = self._ops.get(op)
+        found = _resolved.get(op)
         if found is None:
             self.load()
-            name, _, overload = op.partition(".")
-            found = getattr(getattr(torch.ops.fusionlab, name), overload or "default")
-            self._ops[op] = found
+            found = _resolved.get(op) or _resolve(op)
         return found
