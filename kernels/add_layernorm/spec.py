@@ -37,8 +37,9 @@ ADD_LAYERNORM = register_norm_op(
     outputs=("y", "residual_out"),
     make_inputs=make_inputs,
     float64=add_layer_norm_float64,
-    rows_moved=4,  # read x and residual, write y and the new residual
-    vectors_moved=2,  # read weight and bias
+    rows_moved=4,
+    vectors_moved=2,
+    moved="Read x, residual, weight and bias; write y and the new residual.",
     # GPT-2 small/XL and a wider model; decode (1 row) to long prefill.
     default_shapes="1x768,128x768,2048x1600,2048x4096",
     quick_shapes="1x768,256x1600",

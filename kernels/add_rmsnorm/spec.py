@@ -48,8 +48,9 @@ ADD_RMSNORM = register_norm_op(
     outputs=("y", "residual_out"),
     make_inputs=make_inputs,
     float64=functools.partial(add_rms_norm_float64_with, numerics=DEFAULT),
-    rows_moved=4,  # read x and residual, write y and the new residual
-    vectors_moved=1,  # read weight
+    rows_moved=4,
+    vectors_moved=1,
+    moved="Read x, residual and weight; write y and the new residual.",
     default_shapes="1x4096,128x4096,2048x4096,2048x8192",
     quick_shapes="1x4096,256x4096",
 )

@@ -36,11 +36,12 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 def register_norm_op(
     *, name: str, description: str, inputs: tuple[str, ...], outputs: tuple[str, ...],
     make_inputs: Callable[[Shape, torch.dtype, torch.device, int], Inputs],
-    float64: Float64Math, rows_moved: int, vectors_moved: int, default_shapes: str,
+    float64: Float64Math, rows_moved: int, vectors_moved: int, moved: str, default_shapes: str,
     quick_shapes: str,
 ) -> OpSpec:
     """Register the op: every input but eps is differentiated; it moves `rows_moved` tensors of
-    the input's shape (read and written) and reads `vectors_moved` of its last dim."""
+    the input's shape (read and written) and reads `vectors_moved` of its last dim, which
+    `moved` says in words (its bytes_moved's docstring)."""
 
     def reference(op_inputs: Inputs) -> tuple[torch.Tensor, ...]:
         return float64_reference(float64, op_inputs)
@@ -50,6 +51,8 @@ def register_norm_op(
 
     def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
         return (rows_moved * math.prod(shape) + vectors_moved * shape[-1]) * dtype.itemsize
+
+    bytes_moved.__doc__ = moved
 
     return register_op(OpSpec(
         name=name, description=description, inputs=inputs, outputs=outputs,

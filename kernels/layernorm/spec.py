@@ -37,8 +37,9 @@ LAYERNORM = register_norm_op(
     outputs=("y",),
     make_inputs=make_inputs,
     float64=layer_norm_float64,
-    rows_moved=2,  # read x, write y
-    vectors_moved=2,  # read weight and bias
+    rows_moved=2,
+    vectors_moved=2,
+    moved="Read x, weight and bias, write y.",
     default_shapes="1x4096,32x4096,512x4096,2048x8192",
     quick_shapes="1x4096,256x4096",
 )

@@ -36,8 +36,9 @@ RMSNORM = register_norm_op(
     outputs=("y",),
     make_inputs=make_inputs,
     float64=functools.partial(rms_norm_float64_with, numerics=DEFAULT),
-    rows_moved=2,  # read x, write y
-    vectors_moved=1,  # read weight
+    rows_moved=2,
+    vectors_moved=1,
+    moved="Read x and weight, write y.",
     default_shapes="1x4096,32x4096,512x4096,2048x8192",
     quick_shapes="1x4096,256x4096",
 )
