@@ -34,11 +34,9 @@ ADD_LAYERNORM = register_norm_op(
     name="add_layernorm",
     description="residual add fused with LayerNorm: (layernorm(x + residual), x + residual)",
     inputs=("x", "residual", "weight", "bias", "eps"),
-    outputs=("y", "residual_out"),
-    make_inputs=make_inputs,
+    outputs=("y", "residual_out"), make_inputs=make_inputs,
     float64=add_layer_norm_float64,
-    rows_moved=4,
-    vectors_moved=2,
+    rows_moved=4, vectors_moved=2,
     moved="Read x, residual, weight and bias; write y and the new residual.",
     # GPT-2 small/XL and a wider model; decode (1 row) to long prefill.
     default_shapes="1x768,128x768,2048x1600,2048x4096",
