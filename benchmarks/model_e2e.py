@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from llama_args import add_llama_arguments, llama_config
 from tabulate import tabulate
 
 from fusionlab import Dispatcher, capture, causal_lm_steps, patch, sweep, tiny_model
@@ -79,17 +80,12 @@ def overhead(model: torch.nn.Module, handle: PatchHandle, url: str) -> list[list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--tokens", default="32,128", help="prompt lengths, comma-separated")
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--variants", default="builtin,naive,cpp")
+    add_llama_arguments(parser, runs=20, tokens="32,128",
+                        tokens_help="prompt lengths, comma-separated")
     args = parser.parse_args()
     warnings.simplefilter("ignore", FutureWarning)
     lengths = [int(t) for t in args.tokens.split(",")]
-    config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
-              "num_hidden_layers": args.layers, "num_attention_heads": 8,
-              "num_key_value_heads": 4}
+    config = llama_config(args)
     print(f"Llama hidden {args.hidden}, {args.layers} layers, prefill of {args.tokens} tokens and "
           f"one decode step each, {args.runs} runs, {torch.get_num_threads()} thread(s)")
     storage = tempfile.mkdtemp(prefix="fusionlab-e2e-")

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from llama_args import add_llama_arguments, llama_config
 
 from fusionlab import capture, causal_lm_steps, sweep, tiny_model
 from fusionlab.model.fusion_bench import Patching, measure_fusion
@@ -30,18 +31,12 @@ from fusionlab.model.fusion_table import render_fusion
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=15)
+    add_llama_arguments(parser, runs=15)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--variants", default="builtin,naive,cpp")
     parser.add_argument("--dtypes", default="float32,bfloat16")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
-              "num_hidden_layers": args.layers, "num_attention_heads": 8,
-              "num_key_value_heads": 4}
+    config = llama_config(args)
     print(f"Llama hidden {args.hidden} x {args.layers} layers, {args.tokens}-token prefill and "
           f"one decode step, {args.runs} alternating rounds, {torch.get_num_threads()} thread(s)")
     folder = Path(tempfile.mkdtemp(prefix="fusionlab-fusion-"))

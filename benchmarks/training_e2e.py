@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from llama_args import add_llama_arguments, llama_config
 from tabulate import tabulate
 
 from fusionlab import capture, causal_lm_steps, patch, sweep, tiny_model
@@ -43,17 +44,11 @@ def summary_row(dtype: str, op: str, variants: str, result: TrainResult) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--variants", default="builtin,naive,cpp")
+    add_llama_arguments(parser, runs=20)
     parser.add_argument("--passes", default="forward,forward+backward",
                         help="the passes swept at each key (forward alone: the forward winners)")
     args = parser.parse_args()
-    config = {"hidden_size": args.hidden, "intermediate_size": 2 * args.hidden,
-              "num_hidden_layers": args.layers, "num_attention_heads": 8,
-              "num_key_value_heads": 4}
+    config = llama_config(args)
     print(f"Llama hidden {args.hidden}, {args.layers} layers, {args.tokens} tokens per sequence, "
           f"{args.runs} alternating training steps, {torch.get_num_threads()} thread(s)")
     storage = tempfile.mkdtemp(prefix="fusionlab-train-")

@@ -42,13 +42,7 @@ def profile_configs(
     records = []
     with TrialWorker(plugins, threads=plan.threads, allocator=plan.allocator) as worker:
         for name, params in configs:
-            task = TrialTask(
-                cell=cell,
-                variant=name,
-                params=params,
-                seed=seed,
-                profile_table_rows=table_rows,
-                trace_dir=trace_dir,
-            )
+            task = TrialTask(cell=cell, variant=name, params=params, seed=seed,
+                             profile_table_rows=table_rows, trace_dir=trace_dir)
             records.append(TrialRecord.from_dict(worker.run(task, plan.timeout_s)))
     return records

@@ -9,6 +9,8 @@ each formula exists once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 Grads = tuple[torch.Tensor, torch.Tensor]
@@ -53,50 +55,49 @@ def layer_norm_grads(
     return grad_x, _sum_rows(g * normed), _sum_rows(g)
 
 
-def add_rms_norm_grads(
-    grad_y: torch.Tensor | None,
-    grad_residual_out: torch.Tensor | None,
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    offset: float = 0.0,
-    round_sum: bool = False,
-) -> Grads:
-    """(dL/dsum, dL/dweight) of (rmsnorm(x + residual), x + residual): dL/dx = dL/dresidual =
-    dL/dsum. The sum is recomputed as the forward formed it (rounded to x's dtype if round_sum)."""
+def _add_norm_grads(
+    norm_grads: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]],
+    grad_y: torch.Tensor | None, grad_residual_out: torch.Tensor | None, x: torch.Tensor,
+    residual: torch.Tensor, weight: torch.Tensor, vectors: int, round_sum: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """(dL/dsum, then the grads of the `vectors` weight-shaped parameters) of (norm(x + residual),
+    x + residual), `norm_grads(grad_y, sum)` the norm's; the sum recomputed as the forward formed
+    it (rounded to x's dtype if round_sum)."""
     dtype = _compute_dtype(x)
     total = x.to(dtype) + residual.to(dtype)
     if round_sum:
         total = total.to(x.dtype).to(dtype)
-    grad_total = torch.zeros_like(total)
-    grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+    grads: tuple[torch.Tensor, ...] = (torch.zeros_like(total), *(
+        torch.zeros(weight.shape, dtype=dtype, device=weight.device) for _ in range(vectors)))
     if grad_y is not None:
-        grad_total, grad_weight = rms_norm_grads(grad_y, total, weight, eps, offset)
+        grads = norm_grads(grad_y, total)
     if grad_residual_out is not None:
-        grad_total = grad_total + grad_residual_out.to(dtype)
+        grads = (grads[0] + grad_residual_out.to(dtype), *grads[1:])
+    return grads
+
+
+def add_rms_norm_grads(
+    grad_y: torch.Tensor | None, grad_residual_out: torch.Tensor | None, x: torch.Tensor,
+    residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+    round_sum: bool = False,
+) -> Grads:
+    """(dL/dsum, dL/dweight) of (rmsnorm(x + residual), x + residual): dL/dx = dL/dresidual =
+    dL/dsum. The sum is recomputed as the forward formed it (rounded to x's dtype if round_sum)."""
+    grad_total, grad_weight = _add_norm_grads(
+        lambda grad, total: rms_norm_grads(grad, total, weight, eps, offset),
+        grad_y, grad_residual_out, x, residual, weight, 1, round_sum)
     return grad_total, grad_weight
 
 
 def add_layer_norm_grads(
-    grad_y: torch.Tensor | None,
-    grad_residual_out: torch.Tensor | None,
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
+    grad_y: torch.Tensor | None, grad_residual_out: torch.Tensor | None, x: torch.Tensor,
+    residual: torch.Tensor, weight: torch.Tensor, eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dL/dsum, dL/dweight, dL/dbias) of (layernorm(x + residual), x + residual): dL/dx =
     dL/dresidual = dL/dsum, the sum recomputed in fp32 (float64 for float64 inputs)."""
-    dtype = _compute_dtype(x)
-    total = x.to(dtype) + residual.to(dtype)
-    grad_total = torch.zeros_like(total)
-    grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
-    grad_bias = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
-    if grad_y is not None:
-        grad_total, grad_weight, grad_bias = layer_norm_grads(grad_y, total, weight, eps)
-    if grad_residual_out is not None:
-        grad_total = grad_total + grad_residual_out.to(dtype)
+    grad_total, grad_weight, grad_bias = _add_norm_grads(
+        lambda grad, total: layer_norm_grads(grad, total, weight, eps),
+        grad_y, grad_residual_out, x, residual, weight, 2)
     return grad_total, grad_weight, grad_bias
 
 

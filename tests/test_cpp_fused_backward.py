@@ -30,7 +30,7 @@ from fusionlab.registry import get_op, get_variant, register_variant
 from fusionlab.search.results_store import load_cells
 from fusionlab.search.storage import open_storage
 
-_UNAVAILABLE = rms_backward.cpp_build.unavailable_reason()
+_UNAVAILABLE = rms_forward.unavailable_reason()
 needs_cpp = pytest.mark.skipif(_UNAVAILABLE is not None, reason=f"{_UNAVAILABLE}")
 EPS = 1e-6
 DTYPES = (torch.float32, torch.bfloat16)

@@ -9,12 +9,7 @@ import subprocess
 import torch
 
 from fusionlab import plan as planning
-from fusionlab.commands.arguments import (
-    add_common,
-    add_ranking,
-    add_width,
-    check_memory_budget,
-)
+from fusionlab.commands.arguments import add_common, add_ranking, add_width, check_memory_budget
 from fusionlab.commands.capture import capture_shapes
 from fusionlab.commands.console import say, trial_line
 from fusionlab.commands.sweep_table import print_table

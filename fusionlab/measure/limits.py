@@ -100,7 +100,8 @@ def _per_call_s(call: Callable[[], object], synchronize: Callable[[], None]) -> 
     return max((time.perf_counter() - start) / calls, 1e-9)
 
 
-def _sample_s(call: Callable[[], object], synchronize: Callable[[], None], count: int) -> float:
+def mean_call_s(call: Callable[[], object], synchronize: Callable[[], None], count: int) -> float:
+    """Seconds per call of `count` calls in a row, synchronized before and after."""
     synchronize()
     start = time.perf_counter()
     for _ in range(count):
@@ -124,7 +125,7 @@ def median_call_s(
     taken: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(samples):
         for name, call in calls.items():
-            taken[name].append(_sample_s(call, synchronize, counts[name]))
+            taken[name].append(mean_call_s(call, synchronize, counts[name]))
     return {name: statistic(values) for name, values in taken.items()}
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from fusionlab.measure.limits import mean_call_s
 from fusionlab.shapes import DTYPES
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def time_calls(handle: PatchedModel, step: str, rounds: int = 15,
             for switch, samples in order[::-1] if round_index % 2 else order:
                 switch()
                 for group, call in calls.items():
-                    samples[group].append(_per_call_s(call, loops[group]))
+                    samples[group].append(mean_call_s(call, _sync, loops[group]))
     handle.redo()
     return [
         CallTiming(*group, count, 1e6 * statistics.median(own[group]),
@@ -187,14 +188,5 @@ def _loops(call: Callable[[], object]) -> int:
     """Calls per sample so that one sample takes about _SAMPLE_S (after warm-up calls)."""
     for _ in range(3):
         call()
-    once = _per_call_s(call, 3)
+    once = mean_call_s(call, _sync, 3)
     return max(3, min(10_000, int(_SAMPLE_S / max(once, 1e-9))))
-
-
-def _per_call_s(call: Callable[[], object], loops: int) -> float:
-    _sync()
-    start = time.perf_counter()
-    for _ in range(loops):
-        call()
-    _sync()
-    return (time.perf_counter() - start) / loops

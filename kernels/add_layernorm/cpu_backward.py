@@ -7,51 +7,23 @@ only by the passes with a backward)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build, norm_grads
 from fusionlab.kernels.add_layernorm import cpu_cpp
 from fusionlab.kernels.add_rmsnorm.cpu_backward import BACKWARD_CHOICES
 from fusionlab.kernels.common.backward_headers import ADD_NORM_BACKWARD
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 __all__ = ["BACKWARD_CHOICES", "add_layer_norm_cpp_fused_grad", "load_extension"]
 
-_SOURCES = (Path(__file__).parent / "csrc" / "add_layernorm_backward_cpu.cpp",)
-Triple = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-_op: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-
-
-def load_extension() -> float:
-    """Build (first time per cache) or load the forward's and this operator; seconds spent."""
-    global _op
-    seconds = cpu_cpp.load_extension()
-    seconds += cpp_build.load("add_layernorm_backward_cpu", _SOURCES, ADD_NORM_BACKWARD)
-    _register_fakes()
-    _op = torch.ops.fusionlab.add_layer_norm_cpu_fused_grad.default
-    return seconds
-
-
-@functools.cache
-def _register_fakes() -> None:
-    torch.library.register_fake("fusionlab::add_layer_norm_cpu_backward_fused")(_fake_backward)
-    torch.library.register_fake("fusionlab::add_layer_norm_cpu_fused_grad")(_fake_forward)
-
-
-def _fake_backward(grad_y: torch.Tensor, grad_residual_out: torch.Tensor | None,
-                   x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                   bias: torch.Tensor, eps: float, rows_per_task: int) -> Triple:
-    return (norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(weight),
-            norm_grads.empty_like_rows(bias))
-
-
-def _fake_forward(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                  bias: torch.Tensor, eps: float, rows_per_task: int, store: str = "auto",
-                  stats: str = "welford", row_group: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    return norm_grads.empty_like_rows(x), norm_grads.empty_like_rows(x)
+_OPS = CppOps("add_layernorm_backward_cpu",
+              (Path(__file__).parent / "csrc" / "add_layernorm_backward_cpu.cpp",),
+              ADD_NORM_BACKWARD, needs=cpu_cpp.load_extension,
+              fakes={"add_layer_norm_cpu_backward_fused": fake_like(2, 4, 5),
+                     "add_layer_norm_cpu_fused_grad": fake_like(0, 0)})
+load_extension = _OPS.load
 
 
 def add_layer_norm_cpp_fused_grad(
@@ -59,6 +31,5 @@ def add_layer_norm_cpp_fused_grad(
     rows_per_task: int, store: str = "auto", stats: str = "welford", row_group: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cpu_cpp.add_layer_norm_cpp, its backward the fused C++ kernel."""
-    if _op is None:
-        load_extension()
-    return _op(x, residual, weight, bias, eps, rows_per_task, store, stats, row_group)
+    return _OPS["add_layer_norm_cpu_fused_grad"](x, residual, weight, bias, eps, rows_per_task,
+                                                 store, stats, row_group)

@@ -7,11 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from fusionlab.kernels.add_layernorm.spec import ADD_LAYERNORM
-from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
+from fusionlab.kernels.framework_variants import register_framework_variants
 from fusionlab.kernels.layernorm.framework import naive_layernorm
-from fusionlab.registry import Kernel, register_variant
 
-_DEVICES = ("cpu", "cuda", "neuron")
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -31,26 +29,8 @@ def builtin_add_layernorm(
     return F.layer_norm(total, (x.shape[-1],), weight, bias, eps), total
 
 
-@register_variant(ADD_LAYERNORM.name, "naive", devices=_DEVICES, kind="baseline")
-def naive(device_type: str) -> Kernel:
-    """x + residual, then mean, subtract, variance, rsqrt, multiply and add as separate ops."""
-    return naive_add_layernorm
-
-
-@register_variant(ADD_LAYERNORM.name, "builtin", devices=_DEVICES, kind="builtin")
-def builtin(device_type: str) -> Kernel:
-    """x + residual, then torch.nn.functional.layer_norm (the model's own two ops)."""
-    return builtin_add_layernorm
-
-
-@register_variant(
-    ADD_LAYERNORM.name,
-    "compiled",
-    devices=_DEVICES,
-    tunables=COMPILE_TUNABLES,
-    check_params=compile_rejects,
-    kind="compiled",
-)
-def compiled(device_type: str, mode: str, dynamic: bool) -> Kernel:
-    """torch.compile of the naive chain: inductor fuses the add into the norm."""
-    return compiled_copy(naive_add_layernorm, device_type, mode, dynamic)
+register_framework_variants(ADD_LAYERNORM.name, naive_add_layernorm, builtin_add_layernorm, (
+    "x + residual, then mean, subtract, variance, rsqrt, multiply and add as separate ops.",
+    "x + residual, then torch.nn.functional.layer_norm (the model's own two ops).",
+    "torch.compile of the naive chain: inductor fuses the add into the norm.",
+))

@@ -7,7 +7,7 @@ from typing import Any
 
 from fusionlab.kernels.add_layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_layernorm.spec import ADD_LAYERNORM
-from fusionlab.kernels.common.backward_choices import fused_backward
+from fusionlab.kernels.common.kernel_choice import chosen_kernel
 from fusionlab.kernels.common.registration import register_handwritten, with_numerics
 from fusionlab.registry import Kernel
 
@@ -18,11 +18,9 @@ def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics of the fp32 sum in one read of
     x and residual, then both results written; its backward the torch ops of
     kernels/norm_grads.py or the fused C++ kernel."""
-    fused = fused_backward(backward, {"fused": cpu_backward.add_layer_norm_cpp_fused_grad},
-                           cpu_backward.load_extension)
-    if fused is None:
-        cpu_cpp.load_extension()
-    return with_numerics(fused or cpu_cpp.add_layer_norm_cpp, None, params)
+    return chosen_kernel(backward, {"fused": cpu_backward.add_layer_norm_cpp_fused_grad},
+                         cpu_cpp.add_layer_norm_cpp, params,
+                         load_fused=cpu_backward.load_extension, load=cpu_cpp.load_extension)
 
 
 @register_handwritten(ADD_LAYERNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)

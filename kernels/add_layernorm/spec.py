@@ -4,14 +4,11 @@ because the residual stream reuses it, as add_rmsnorm's (vLLM's fused_add_rms_no
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from fusionlab.kernels.common.tolerances import TOLERANCES
+from fusionlab.kernels.common.norm_spec import register_norm_op
 from fusionlab.kernels.layernorm.spec import EPS, layer_norm_float64
-from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
-from fusionlab.registry import register_op
+from fusionlab.op import Inputs, Shape
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
@@ -33,48 +30,15 @@ def add_layer_norm_float64(
     return layer_norm_float64(total, weight, bias, eps), total
 
 
-def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """(y, residual_out) in float64 on the CPU."""
-    x, residual, weight, bias, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
-    assert isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor)
-    return add_layer_norm_float64(
-        x.detach(), residual.detach(), weight.detach(), bias.detach(), float(eps)  # type: ignore[arg-type]
-    )
-
-
-def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
-    x, residual, weight, bias, eps = inputs
-    return add_layer_norm_float64(x, residual, weight, bias, float(eps))  # type: ignore[arg-type]
-
-
-def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
-    """Read x, residual, weight and bias; write y and the new residual."""
-    return (4 * math.prod(shape) + 2 * shape[-1]) * dtype.itemsize
-
-
-def tolerance(dtype: torch.dtype) -> Tolerance:
-    return TOLERANCES[dtype]
-
-
-ADD_LAYERNORM = register_op(
-    OpSpec(
-        name="add_layernorm",
-        rowwise=True,
-        description="residual add fused with LayerNorm: (layernorm(x + residual), x + residual)",
-        inputs=("x", "residual", "weight", "bias", "eps"),
-        outputs=("y", "residual_out"),
-        make_inputs=make_inputs,
-        reference=reference,
-        bytes_moved=bytes_moved,
-        tolerance=tolerance,
-        baseline="naive",
-        builtin="builtin",
-        # GPT-2 small/XL and a wider model; decode (1 row) to long prefill.
-        default_shapes="1x768,128x768,2048x1600,2048x4096",
-        quick_shapes="1x768,256x1600",
-        grad_inputs=("x", "residual", "weight", "bias"),
-        grad_reference=grad_reference,
-    )
+ADD_LAYERNORM = register_norm_op(
+    name="add_layernorm",
+    description="residual add fused with LayerNorm: (layernorm(x + residual), x + residual)",
+    inputs=("x", "residual", "weight", "bias", "eps"),
+    outputs=("y", "residual_out"), make_inputs=make_inputs,
+    float64=add_layer_norm_float64,
+    rows_moved=4, vectors_moved=2,
+    moved="Read x, residual, weight and bias; write y and the new residual.",
+    # GPT-2 small/XL and a wider model; decode (1 row) to long prefill.
+    default_shapes="1x768,128x768,2048x1600,2048x4096",
+    quick_shapes="1x768,256x1600",
 )

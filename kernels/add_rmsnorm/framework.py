@@ -7,11 +7,9 @@ import torch
 
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
-from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
-from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
+from fusionlab.kernels.framework_variants import DEVICES, register_framework_variants
+from fusionlab.numerics import Numerics
 from fusionlab.registry import Kernel, register_variant
-
-_DEVICES = ("cpu", "cuda", "neuron")
 
 
 def naive_add_rmsnorm(
@@ -63,23 +61,8 @@ def builtin_add_rmsnorm_(
     return x, residual
 
 
-@register_variant(
-    ADD_RMSNORM.name, "naive", devices=_DEVICES, kind="baseline", numerics=CASTING_MODES
-)
-def naive(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """x + residual, then square, mean, add eps, rsqrt and two multiplies as separate ops."""
-    return naive_add_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-
-
-@register_variant(
-    ADD_RMSNORM.name, "builtin", devices=_DEVICES, kind="builtin", numerics=("none", "gemma")
-)
-def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """x + residual, then torch.rms_norm."""
-    if numerics == DEFAULT:
-        return builtin_add_rmsnorm
-    if numerics.rounds_normed:
-        raise ValueError("builtin add_rmsnorm cannot round the normalised row (casting 'llama')")
+def builtin_offset(numerics: Numerics) -> Kernel:
+    """x + residual, then torch.rms_norm with an fp32 weight plus the offset of `numerics`."""
     offset = numerics.offset
 
     def builtin_add_rmsnorm_offset(
@@ -93,30 +76,21 @@ def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
     return builtin_add_rmsnorm_offset
 
 
-@register_variant(
-    ADD_RMSNORM.name,
-    "builtin-inplace",
-    devices=_DEVICES,
-    kind="builtin",
-    inplace={"y": "x", "residual_out": "residual"},
-)
-def builtin_inplace(device_type: str) -> Kernel:
-    """residual.add_(x), then torch.rms_norm written back into x (in place, as vLLM does)."""
-    return builtin_add_rmsnorm_
+def _register_builtin_inplace() -> None:
+    register_variant(ADD_RMSNORM.name, "builtin-inplace", devices=DEVICES, kind="builtin",
+                     inplace={"y": "x", "residual_out": "residual"},
+                     description="residual.add_(x), then torch.rms_norm written back into x "
+                     "(in place, as vLLM does).")(lambda device_type: builtin_add_rmsnorm_)
 
 
-@register_variant(
-    ADD_RMSNORM.name,
-    "compiled",
-    devices=_DEVICES,
-    tunables=COMPILE_TUNABLES,
-    check_params=compile_rejects,
-    kind="compiled",
-    numerics=CASTING_MODES,
+register_framework_variants(
+    ADD_RMSNORM.name, naive_add_rmsnorm, builtin_add_rmsnorm, (
+        "x + residual, then square, mean, add eps, rsqrt and two multiplies as separate ops.",
+        "x + residual, then torch.rms_norm.",
+        "torch.compile of the naive chain: inductor fuses the add into the norm.",
+    ),
+    naive_with=chain_with,
+    builtin_with=builtin_offset,
+    exact_casts=lambda numerics: numerics.rounds_sum,
+    before_compiled=_register_builtin_inplace,
 )
-def compiled(
-    device_type: str, mode: str, dynamic: bool, numerics: Numerics = DEFAULT
-) -> Kernel:
-    """torch.compile of the naive chain: inductor fuses the add into the norm."""
-    chain = naive_add_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_sum)

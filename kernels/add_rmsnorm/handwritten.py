@@ -7,7 +7,7 @@ from typing import Any
 
 from fusionlab.kernels.add_rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.add_rmsnorm.spec import ADD_RMSNORM
-from fusionlab.kernels.common.backward_choices import fused_backward
+from fusionlab.kernels.common.kernel_choice import chosen_kernel
 from fusionlab.kernels.common.registration import register_handwritten, with_numerics
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel
@@ -21,14 +21,10 @@ def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-o
         **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): fp32 sum of squares, then both results written;
     its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel."""
-    fused = fused_backward(backward, {"fused": cpu_backward.add_rms_norm_cpp_fused_grad},
-                           cpu_backward.load_extension)
-    if fused is not None:
-        return with_numerics(fused, numerics, params)
-    cpu_cpp.load_extension()
-    if numerics == DEFAULT:
-        return with_numerics(cpu_cpp.add_rms_norm_cpp, None, params)
-    return with_numerics(cpu_cpp.add_rms_norm_cpp_with, numerics, params)
+    return chosen_kernel(backward, {"fused": cpu_backward.add_rms_norm_cpp_fused_grad},
+                         cpu_cpp.add_rms_norm_cpp, params, load_fused=cpu_backward.load_extension,
+                         load=cpu_cpp.load_extension, numerics=numerics,
+                         forward_with=cpu_cpp.add_rms_norm_cpp_with)
 
 
 @register_handwritten(ADD_RMSNORM.name, "cpp-inplace", cpu_cpp, devices=("cpu",),
@@ -36,10 +32,9 @@ def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-o
                       numerics=CASTING_MODES)
 def cpp_inplace(device_type: str, numerics: Numerics = DEFAULT, **params: Any) -> Kernel:
     """The C++ kernel in place (vLLM's contract): residual <- x + residual, x <- the norm."""
-    cpu_cpp.load_extension()
-    if numerics == DEFAULT:
-        return with_numerics(cpu_cpp.add_rms_norm_cpp_, None, params)
-    return with_numerics(cpu_cpp.add_rms_norm_cpp_with_, numerics, params)
+    return chosen_kernel("torch-ops", {}, cpu_cpp.add_rms_norm_cpp_, params,
+                         load=cpu_cpp.load_extension, numerics=numerics,
+                         forward_with=cpu_cpp.add_rms_norm_cpp_with_)
 
 
 @register_handwritten(ADD_RMSNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)

@@ -3,15 +3,14 @@ residual_out = x + residual; y = rmsnorm(residual_out) * weight."""
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 
-from fusionlab.kernels.common.rms_math import EPS, rms_norm_float64, rms_norm_float64_with
-from fusionlab.kernels.common.tolerances import TOLERANCES
+from fusionlab.kernels.common.norm_spec import float64_reference, register_norm_op
+from fusionlab.kernels.common.rms_math import EPS, rms_norm_float64_with
 from fusionlab.numerics import DEFAULT, Numerics
-from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
-from fusionlab.registry import register_op
+from fusionlab.op import Inputs, Shape
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
@@ -21,15 +20,6 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
     residual = 2.0 * torch.randn(shape, generator=generator)
     weight = 1.0 + 0.5 * torch.randn(shape[-1], generator=generator)
     return (*(t.to(device=device, dtype=dtype) for t in (x, residual, weight)), EPS)
-
-
-def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """(y, residual_out) in float64 on the CPU."""
-    x, residual, weight, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
-    assert isinstance(weight, torch.Tensor)
-    total = x.detach().to("cpu", torch.float64) + residual.detach().to("cpu", torch.float64)
-    return rms_norm_float64(total, weight, float(eps)), total  # type: ignore[arg-type]
 
 
 def add_rms_norm_float64_with(
@@ -47,47 +37,19 @@ def add_rms_norm_float64_with(
 
 def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ...]:
     """The float64 reference of a layer with these numerics (`reference` is casting "none")."""
-    x, residual, weight, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(residual, torch.Tensor)
-    assert isinstance(weight, torch.Tensor)
-    return add_rms_norm_float64_with(
-        x.detach(), residual.detach(), weight.detach(), float(eps), numerics  # type: ignore[arg-type]
-    )
+    return float64_reference(functools.partial(add_rms_norm_float64_with, numerics=numerics),
+                             inputs)
 
 
-def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
-    x, residual, weight, eps = inputs
-    return add_rms_norm_float64_with(
-        x, residual, weight, float(eps), DEFAULT  # type: ignore[arg-type]
-    )
-
-
-def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
-    """Read x, residual and weight; write y and the new residual."""
-    return (4 * math.prod(shape) + shape[-1]) * dtype.itemsize
-
-
-def tolerance(dtype: torch.dtype) -> Tolerance:
-    return TOLERANCES[dtype]
-
-
-ADD_RMSNORM = register_op(
-    OpSpec(
-        name="add_rmsnorm",
-        rowwise=True,
-        description="residual add fused with RMSNorm: (rmsnorm(x + residual), x + residual)",
-        inputs=("x", "residual", "weight", "eps"),
-        outputs=("y", "residual_out"),
-        make_inputs=make_inputs,
-        reference=reference,
-        bytes_moved=bytes_moved,
-        tolerance=tolerance,
-        baseline="naive",
-        builtin="builtin",
-        default_shapes="1x4096,128x4096,2048x4096,2048x8192",
-        quick_shapes="1x4096,256x4096",
-        grad_inputs=("x", "residual", "weight"),
-        grad_reference=grad_reference,
-    )
+ADD_RMSNORM = register_norm_op(
+    name="add_rmsnorm",
+    description="residual add fused with RMSNorm: (rmsnorm(x + residual), x + residual)",
+    inputs=("x", "residual", "weight", "eps"),
+    outputs=("y", "residual_out"), make_inputs=make_inputs,
+    float64=functools.partial(add_rms_norm_float64_with, numerics=DEFAULT),
+    rows_moved=4, vectors_moved=1,
+    moved="Read x, residual and weight; write y and the new residual.",
+    default_shapes="1x4096,128x4096,2048x4096,2048x8192",
+    quick_shapes="1x4096,256x4096",
 )
+reference = ADD_RMSNORM.reference

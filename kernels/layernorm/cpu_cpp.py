@@ -7,14 +7,13 @@ each row's mean and rstd (fp32); its autograd kernel is cpu_backward.py's. The `
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build, cpu_store, norm_grads
+from fusionlab.kernels import cpp_build, cpu_store
 from fusionlab.kernels.common.backward_headers import FORWARD_HEADERS
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 TUNABLES: dict[str, tuple[int | str, ...]] = {
     "rows_per_task": (1, 4, 16, 64),
@@ -23,19 +22,13 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
     "row_group": cpu_store.ROW_GROUP_CHOICES,
 }
 
-_SOURCES = (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",)
-_HEADERS = (
-    Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",
-    Path(__file__).parent / "csrc" / "welford_moments.h",
-    *FORWARD_HEADERS,
-)
-OP_NAME = "fusionlab::layer_norm_cpu"
-_op: Callable[..., torch.Tensor] | None = None
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be built on this machine, or None; checks the tools, never builds."""
-    return cpp_build.unavailable_reason()
+_OPS = CppOps("layernorm_cpu", (Path(__file__).parent / "csrc" / "layernorm_cpu.cpp",),
+              (Path(__file__).parents[1] / "rmsnorm" / "csrc" / "cpu_norm_common.h",
+               Path(__file__).parent / "csrc" / "welford_moments.h", *FORWARD_HEADERS),
+              fakes={"layer_norm_cpu": fake_like(0), "layer_norm_cpu.paths": fake_like(0),
+                     "layer_norm_cpu_stats": fake_like(0, statistics=2)})
+load_extension = _OPS.load
+unavailable_reason = cpp_build.unavailable_reason
 
 
 def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
@@ -49,41 +42,6 @@ def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
             or cpu_store.path_error(shape, "two", task_bytes))
 
 
-def load_extension() -> float:
-    """Build (first time per cache) or load the operator, once per process; seconds spent."""
-    global _op
-    seconds = cpp_build.load("layernorm_cpu", _SOURCES, _HEADERS)
-    _register_fake()
-    _op = torch.ops.fusionlab.layer_norm_cpu.paths
-    return seconds
-
-
-@functools.cache
-def _register_fake() -> None:
-    torch.library.register_fake(OP_NAME)(_fake)
-    torch.library.register_fake(f"{OP_NAME}.paths")(_fake_paths)
-    torch.library.register_fake("fusionlab::layer_norm_cpu_stats")(_fake_stats)
-
-
-def _fake_stats(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-                rows_per_task: int, store: str = "auto", stats: str = "welford",
-                row_group: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (norm_grads.empty_like_rows(x), norm_grads.row_statistics_like(x),
-            norm_grads.row_statistics_like(x))
-
-
-def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-          rows_per_task: int, store: str = "auto", stats: str = "welford",
-          row_group: int = 1) -> torch.Tensor:
-    return norm_grads.empty_like_rows(x)
-
-
-def _fake_paths(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
-                rows_per_task: int, store: str = "auto", stats: str = "welford",
-                row_group: int = 1, task_bytes: int = 0) -> torch.Tensor:
-    return norm_grads.empty_like_rows(x)
-
-
 def layer_norm_cpp(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, rows_per_task: int,
     store: str = "auto", stats: str = "welford", row_group: int = 1, task_bytes: int = 0,
@@ -91,6 +49,5 @@ def layer_norm_cpp(
     """LayerNorm of x over its last dim, with weight and bias; rows_per_task and task_bytes set
     the grain, store the kind of output stores, stats the row statistics, row_group the rows
     normalised together (kernels/cpu_store.py)."""
-    if _op is None:
-        load_extension()
-    return _op(x, weight, bias, eps, rows_per_task, store, stats, row_group, task_bytes)
+    return _OPS["layer_norm_cpu.paths"](x, weight, bias, eps, rows_per_task, store, stats,
+                                        row_group, task_bytes)

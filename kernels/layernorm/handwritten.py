@@ -5,16 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES, fused_backward
+from fusionlab.kernels.common.backward_choices import RECOMPUTING_CHOICES
+from fusionlab.kernels.common.kernel_choice import chosen_kernel, register_with_fused_backward
 from fusionlab.kernels.common.registration import register_handwritten, with_numerics
-from fusionlab.kernels.layernorm import (
-    cpu_backward,
-    cpu_cpp,
-    nki_kernel,
-    triton_backward,
-    triton_kernel,
-)
+from fusionlab.kernels.layernorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.layernorm.spec import LAYERNORM
+from fusionlab.kernels.layernorm.triton_backward import layer_norm_triton_fused_grad
 from fusionlab.registry import Kernel
 
 
@@ -24,12 +20,10 @@ def cpp(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
     """C++ kernel (torch.utils.cpp_extension): Welford statistics in one read, then the write;
     its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel (with the row
     statistics recomputed, or saved by the forward)."""
-    fused = fused_backward(backward, {"fused": cpu_backward.layer_norm_cpp_fused_grad,
-                                      "fused-saved": cpu_backward.layer_norm_cpp_saved_stats},
-                           cpu_backward.load_extension)
-    if fused is None:
-        cpu_cpp.load_extension()
-    return with_numerics(fused or cpu_cpp.layer_norm_cpp, None, params)
+    return chosen_kernel(backward, {"fused": cpu_backward.layer_norm_cpp_fused_grad,
+                                    "fused-saved": cpu_backward.layer_norm_cpp_saved_stats},
+                         cpu_cpp.layer_norm_cpp, params, load_fused=cpu_backward.load_extension,
+                         load=cpu_cpp.load_extension)
 
 
 @register_handwritten(LAYERNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)
@@ -38,10 +32,9 @@ def nki(device_type: str, **params: Any) -> Kernel:
     return with_numerics(nki_kernel.layer_norm_nki, None, params)
 
 
-@register_handwritten(LAYERNORM.name, "triton", triton_kernel, devices=("cuda",), autograd=True,
-                      backward_choices=RECOMPUTING_CHOICES)
-def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
-    """Triton kernel: mean and variance of each row from one read, several rows per program;
-    its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
-    fused = fused_backward(backward, {"fused": triton_backward.layer_norm_triton_fused_grad})
-    return with_numerics(fused or triton_kernel.layer_norm_triton, None, params)
+# Its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel.
+register_with_fused_backward(
+    LAYERNORM.name, "triton", triton_kernel, triton_kernel.layer_norm_triton,
+    layer_norm_triton_fused_grad, devices=("cuda",), backward_choices=RECOMPUTING_CHOICES,
+    description="Triton kernel: mean and variance of each row from one read, several rows per "
+    "program;")

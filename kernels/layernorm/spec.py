@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from fusionlab.kernels.common.tolerances import TOLERANCES
-from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
-from fusionlab.registry import register_op
+from fusionlab.kernels.common.norm_spec import register_norm_op
+from fusionlab.op import Inputs, Shape
 
 EPS = 1e-5
 
@@ -33,45 +30,13 @@ def layer_norm_float64(
     return (x64 - mean) * torch.rsqrt(variance + eps) * w64 + b64
 
 
-def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """LayerNorm in float64 on the CPU."""
-    x, weight, bias, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-    assert isinstance(bias, torch.Tensor)
-    return (layer_norm_float64(x.detach(), weight.detach(), bias.detach(), float(eps)),)  # type: ignore[arg-type]
-
-
-def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
-    x, weight, bias, eps = inputs
-    return (layer_norm_float64(x, weight, bias, float(eps)),)  # type: ignore[arg-type]
-
-
-def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
-    """Read x, weight and bias, write y."""
-    return (2 * math.prod(shape) + 2 * shape[-1]) * dtype.itemsize
-
-
-def tolerance(dtype: torch.dtype) -> Tolerance:
-    return TOLERANCES[dtype]
-
-
-LAYERNORM = register_op(
-    OpSpec(
-        name="layernorm",
-        rowwise=True,
-        description="LayerNorm over the last dimension, with a learned weight and bias",
-        inputs=("x", "weight", "bias", "eps"),
-        outputs=("y",),
-        make_inputs=make_inputs,
-        reference=reference,
-        bytes_moved=bytes_moved,
-        tolerance=tolerance,
-        baseline="naive",
-        builtin="builtin",
-        default_shapes="1x4096,32x4096,512x4096,2048x8192",
-        quick_shapes="1x4096,256x4096",
-        grad_inputs=("x", "weight", "bias"),
-        grad_reference=grad_reference,
-    )
+LAYERNORM = register_norm_op(
+    name="layernorm",
+    description="LayerNorm over the last dimension, with a learned weight and bias",
+    inputs=("x", "weight", "bias", "eps"),
+    outputs=("y",), make_inputs=make_inputs,
+    float64=layer_norm_float64,
+    rows_moved=2, vectors_moved=2, moved="Read x, weight and bias, write y.",
+    default_shapes="1x4096,32x4096,512x4096,2048x8192",
+    quick_shapes="1x4096,256x4096",
 )

@@ -8,14 +8,13 @@ and `task_bytes` (kernels/cpu_store.py)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from fusionlab.kernels import cpp_build, cpu_store, norm_grads
+from fusionlab.kernels import cpp_build, cpu_store
 from fusionlab.kernels.common.backward_headers import FORWARD_HEADERS
+from fusionlab.kernels.cpp_ops import CppOps, fake_like
 
 ROWS_PER_TASK_CHOICES: tuple[int, ...] = (1, 4, 16, 64)
 TUNABLES: dict[str, tuple[int | str, ...]] = {
@@ -23,16 +22,13 @@ TUNABLES: dict[str, tuple[int | str, ...]] = {
     "store": cpu_store.STORE_CHOICES,
 }
 
-_CSRC = Path(__file__).parent / "csrc"
-_SOURCES = (_CSRC / "rmsnorm_cpu.cpp",)
-_HEADERS = (_CSRC / "cpu_norm_common.h", _CSRC / "torch_order_sum.h", *FORWARD_HEADERS)
-OP_NAME = "fusionlab::rms_norm_cpu"
-_op: Callable[..., torch.Tensor] | None = None
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot be built on this machine, or None; checks the tools, never builds."""
-    return cpp_build.unavailable_reason()
+CSRC = Path(__file__).parent / "csrc"
+_OPS = CppOps("rmsnorm_cpu", (CSRC / "rmsnorm_cpu.cpp",),
+              (CSRC / "cpu_norm_common.h", CSRC / "torch_order_sum.h", *FORWARD_HEADERS),
+              fakes={"rms_norm_cpu": fake_like(0), "rms_norm_cpu.paths": fake_like(0),
+                     "rms_norm_cpu_stats": fake_like(0, statistics=1)})
+load_extension = _OPS.load
+unavailable_reason = cpp_build.unavailable_reason
 
 
 def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
@@ -45,42 +41,6 @@ def param_error(shape: tuple[int, ...], rows_per_task: int, store: str = "auto",
     return cpu_store.store_error(shape, store) or cpu_store.path_error(shape, passes, task_bytes)
 
 
-def load_extension() -> float:
-    """Build (first time per cache) or load the operator, once per process.
-
-    Returns the seconds this call spent, 0.0 when it was already loaded.
-    """
-    global _op
-    seconds = cpp_build.load("rmsnorm_cpu", _SOURCES, _HEADERS)
-    _register_fake()
-    _op = torch.ops.fusionlab.rms_norm_cpu.paths
-    return seconds
-
-
-@functools.cache
-def _register_fake() -> None:
-    torch.library.register_fake(OP_NAME)(_fake)
-    torch.library.register_fake(f"{OP_NAME}.paths")(_fake_paths)
-    torch.library.register_fake("fusionlab::rms_norm_cpu_stats")(_fake_stats)
-
-
-def _fake_stats(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
-                casting: str = "none", offset: float = 0.0,
-                store: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    return norm_grads.empty_like_rows(x), norm_grads.row_statistics_like(x)
-
-
-def _fake(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
-          casting: str = "none", offset: float = 0.0, store: str = "auto") -> torch.Tensor:
-    return norm_grads.empty_like_rows(x)
-
-
-def _fake_paths(x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int,
-                casting: str = "none", offset: float = 0.0, store: str = "auto",
-                passes: str = "two", task_bytes: int = 0) -> torch.Tensor:
-    return norm_grads.empty_like_rows(x)
-
-
 def rms_norm_cpp(
     x: torch.Tensor, weight: torch.Tensor, eps: float, rows_per_task: int, store: str = "auto",
     passes: str = "two", task_bytes: int = 0,
@@ -88,9 +48,8 @@ def rms_norm_cpp(
     """RMSNorm of x over its last dim, scaled by weight; rows_per_task and task_bytes set the
     parallel grain, store the kind of output stores, passes the reads of each row
     (kernels/cpu_store.py)."""
-    if _op is None:
-        load_extension()
-    return _op(x, weight, eps, rows_per_task, store=store, passes=passes, task_bytes=task_bytes)
+    return _OPS["rms_norm_cpu.paths"](x, weight, eps, rows_per_task, store=store, passes=passes,
+                                      task_bytes=task_bytes)
 
 
 def rms_norm_cpp_with(
@@ -98,6 +57,5 @@ def rms_norm_cpp_with(
     offset: float, store: str = "auto", passes: str = "two", task_bytes: int = 0,
 ) -> torch.Tensor:
     """rms_norm_cpp with a module's numerics (fusionlab/numerics.py): casting mode and offset."""
-    if _op is None:
-        load_extension()
-    return _op(x, weight, eps, rows_per_task, casting, offset, store, passes, task_bytes)
+    return _OPS["rms_norm_cpu.paths"](x, weight, eps, rows_per_task, casting, offset, store,
+                                      passes, task_bytes)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from fusionlab.kernels.common.rms_math import naive_rmsnorm, rmsnorm_with
-from fusionlab.kernels.compiling import COMPILE_TUNABLES, compile_rejects, compiled_copy
+from fusionlab.kernels.framework_variants import register_framework_variants
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
-from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
-from fusionlab.registry import Kernel, register_variant
+from fusionlab.numerics import Numerics
+from fusionlab.registry import Kernel
 
 
 def builtin_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -24,25 +24,8 @@ def chain_with(numerics: Numerics) -> Kernel:
     return rmsnorm_chain
 
 
-@register_variant(
-    RMSNORM.name, "naive", devices=("cpu", "cuda", "neuron"), kind="baseline",
-    numerics=CASTING_MODES,
-)
-def naive(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """Square, mean, add eps, rsqrt and two multiplies as separate ATen ops."""
-    return naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-
-
-@register_variant(
-    RMSNORM.name, "builtin", devices=("cpu", "cuda", "neuron"), kind="builtin",
-    numerics=("none", "gemma"),
-)
-def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
-    """torch.rms_norm (aten::rms_norm, fused where the backend has a fused kernel)."""
-    if numerics == DEFAULT:
-        return builtin_rmsnorm
-    if numerics.rounds_normed:
-        raise ValueError("builtin rmsnorm cannot round the normalised row (casting 'llama')")
+def builtin_offset(numerics: Numerics) -> Kernel:
+    """torch.rms_norm with an fp32 weight plus the offset of `numerics`."""
     offset = numerics.offset
 
     def builtin_rmsnorm_offset(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -52,18 +35,13 @@ def builtin(device_type: str, numerics: Numerics = DEFAULT) -> Kernel:
     return builtin_rmsnorm_offset
 
 
-@register_variant(
-    RMSNORM.name,
-    "compiled",
-    devices=("cpu", "cuda", "neuron"),
-    tunables=COMPILE_TUNABLES,
-    check_params=compile_rejects,
-    kind="compiled",
-    numerics=CASTING_MODES,
+register_framework_variants(
+    RMSNORM.name, naive_rmsnorm, builtin_rmsnorm, (
+        "Square, mean, add eps, rsqrt and two multiplies as separate ATen ops.",
+        "torch.rms_norm (aten::rms_norm, fused where the backend has a fused kernel).",
+        "torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron).",
+    ),
+    naive_with=chain_with,
+    builtin_with=builtin_offset,
+    exact_casts=lambda numerics: numerics.rounds_normed,
 )
-def compiled(
-    device_type: str, mode: str, dynamic: bool, numerics: Numerics = DEFAULT
-) -> Kernel:
-    """torch.compile of the naive chain (inductor on cpu/cuda, the neuron backend on neuron)."""
-    chain = naive_rmsnorm if numerics == DEFAULT else chain_with(numerics)
-    return compiled_copy(chain, device_type, mode, dynamic, numerics.rounds_normed)

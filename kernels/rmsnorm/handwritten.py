@@ -5,16 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fusionlab.kernels.common.backward_choices import fused_backward
+from fusionlab.kernels.common.kernel_choice import chosen_kernel, register_with_fused_backward
 from fusionlab.kernels.common.registration import register_handwritten, with_numerics
-from fusionlab.kernels.rmsnorm import (
-    cpu_backward,
-    cpu_cpp,
-    nki_kernel,
-    triton_backward,
-    triton_kernel,
-)
+from fusionlab.kernels.rmsnorm import cpu_backward, cpu_cpp, nki_kernel, triton_kernel
 from fusionlab.kernels.rmsnorm.spec import RMSNORM
+from fusionlab.kernels.rmsnorm.triton_backward import BACKWARD_CHOICES, rms_norm_triton_fused_grad
 from fusionlab.numerics import CASTING_MODES, DEFAULT, Numerics
 from fusionlab.registry import Kernel
 
@@ -26,24 +21,19 @@ def cpp(device_type: str, numerics: Numerics = DEFAULT, backward: str = "torch-o
     """C++ kernel (torch.utils.cpp_extension): two vectorised passes per row, parallel over rows;
     its backward the torch ops of kernels/norm_grads.py or the fused C++ kernel (with the row
     statistics recomputed, or saved by the forward)."""
-    fused = fused_backward(backward, {"fused": cpu_backward.rms_norm_cpp_fused_grad,
-                                      "fused-saved": cpu_backward.rms_norm_cpp_saved_stats},
-                           cpu_backward.load_extension)
-    if fused is not None:
-        return with_numerics(fused, numerics, params)
-    cpu_cpp.load_extension()
-    if numerics == DEFAULT:
-        return with_numerics(cpu_cpp.rms_norm_cpp, None, params)
-    return with_numerics(cpu_cpp.rms_norm_cpp_with, numerics, params)
+    return chosen_kernel(backward, {"fused": cpu_backward.rms_norm_cpp_fused_grad,
+                                    "fused-saved": cpu_backward.rms_norm_cpp_saved_stats},
+                         cpu_cpp.rms_norm_cpp, params, load_fused=cpu_backward.load_extension,
+                         load=cpu_cpp.load_extension, numerics=numerics,
+                         forward_with=cpu_cpp.rms_norm_cpp_with)
 
 
-@register_handwritten(RMSNORM.name, "triton", triton_kernel, devices=("cuda",), autograd=True,
-                      backward_choices=triton_backward.BACKWARD_CHOICES)
-def triton(device_type: str, backward: str = "torch-ops", **params: Any) -> Kernel:
-    """Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on each row;
-    its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel."""
-    fused = fused_backward(backward, {"fused": triton_backward.rms_norm_triton_fused_grad})
-    return with_numerics(fused or triton_kernel.rms_norm_triton, None, params)
+# Its backward the torch ops of kernels/norm_grads.py or the fused Triton kernel.
+register_with_fused_backward(
+    RMSNORM.name, "triton", triton_kernel, triton_kernel.rms_norm_triton,
+    rms_norm_triton_fused_grad, devices=("cuda",), backward_choices=BACKWARD_CHOICES,
+    description="Triton kernel: a [rows, hidden] tile per program, threads_per_row threads on "
+    "each row;")
 
 
 @register_handwritten(RMSNORM.name, "nki", nki_kernel, devices=("neuron",), autograd=False)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 
-from fusionlab.kernels.common.rms_math import EPS, rms_norm_float64, rms_norm_float64_with
+from fusionlab.kernels.common.norm_spec import float64_reference, register_norm_op
+from fusionlab.kernels.common.rms_math import EPS, rms_norm_float64_with
 from fusionlab.kernels.common.tolerances import TOLERANCES
 from fusionlab.numerics import DEFAULT, Numerics
-from fusionlab.op import Inputs, OpSpec, Shape, Tolerance
-from fusionlab.registry import register_op
+from fusionlab.op import Inputs, Shape
+
+__all__ = ["EPS", "RMSNORM", "TOLERANCES", "make_inputs", "reference", "reference_with",
+           "rms_norm_float64_with"]
 
 
 def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int) -> Inputs:
@@ -21,50 +24,19 @@ def make_inputs(shape: Shape, dtype: torch.dtype, device: torch.device, seed: in
     return x.to(device=device, dtype=dtype), weight.to(device=device, dtype=dtype), EPS
 
 
-def reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    x, weight, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-    return (rms_norm_float64(x, weight, float(eps)),)  # type: ignore[arg-type]
-
-
 def reference_with(inputs: Inputs, numerics: Numerics) -> tuple[torch.Tensor, ...]:
     """The float64 reference of a module with these numerics (`reference` is casting "none")."""
-    x, weight, eps = inputs
-    assert isinstance(x, torch.Tensor) and isinstance(weight, torch.Tensor)
-    return (rms_norm_float64_with(x.detach(), weight.detach(), float(eps), numerics),)  # type: ignore[arg-type]
+    return float64_reference(functools.partial(rms_norm_float64_with, numerics=numerics), inputs)
 
 
-def grad_reference(inputs: Inputs) -> tuple[torch.Tensor, ...]:
-    """The reference as differentiable float64 ops (the gradient gate differentiates it)."""
-    x, weight, eps = inputs
-    return (rms_norm_float64_with(x, weight, float(eps), DEFAULT),)  # type: ignore[arg-type]
-
-
-def bytes_moved(shape: Shape, dtype: torch.dtype) -> int:
-    """Read x and weight, write y."""
-    return (2 * math.prod(shape) + shape[-1]) * dtype.itemsize
-
-
-def tolerance(dtype: torch.dtype) -> Tolerance:
-    return TOLERANCES[dtype]
-
-
-RMSNORM = register_op(
-    OpSpec(
-        name="rmsnorm",
-        rowwise=True,
-        description="RMSNorm over the last dimension, with a learned weight",
-        inputs=("x", "weight", "eps"),
-        outputs=("y",),
-        make_inputs=make_inputs,
-        reference=reference,
-        bytes_moved=bytes_moved,
-        tolerance=tolerance,
-        baseline="naive",
-        builtin="builtin",
-        default_shapes="1x4096,32x4096,512x4096,2048x8192",
-        quick_shapes="1x4096,256x4096",
-        grad_inputs=("x", "weight"),
-        grad_reference=grad_reference,
-    )
+RMSNORM = register_norm_op(
+    name="rmsnorm",
+    description="RMSNorm over the last dimension, with a learned weight",
+    inputs=("x", "weight", "eps"),
+    outputs=("y",), make_inputs=make_inputs,
+    float64=functools.partial(rms_norm_float64_with, numerics=DEFAULT),
+    rows_moved=2, vectors_moved=1, moved="Read x and weight, write y.",
+    default_shapes="1x4096,32x4096,512x4096,2048x8192",
+    quick_shapes="1x4096,256x4096",
 )
+reference = RMSNORM.reference

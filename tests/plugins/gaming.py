@@ -4,12 +4,16 @@ way the gate must catch. Several per principle; none may ever be reported as fas
 from __future__ import annotations
 
 import itertools
+import sys
+from pathlib import Path
 
-import numpy as np
 import torch
 
 from fusionlab import register_variant
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+
+sys.path.append(str(Path(__file__).parent))  # the cheats' shared scaffolding sits beside this file
+from cheat_kit import by_pointer, cached_per, numpy_rmsnorm, recompute_every
 
 CPU = ("cpu",)
 # principle -> (variant, the status it must earn, or the statuses it may earn)
@@ -53,15 +57,7 @@ def skip_after_first(device_type: str):
 @register_variant("rmsnorm", "game-every-third-call", devices=CPU)
 def every_third_call(device_type: str):
     """Batch-and-skip: computes one call in three, returns the last result otherwise."""
-    calls = itertools.count()
-    last: list[torch.Tensor] = []
-
-    def kernel(x, weight, eps):
-        if next(calls) % 3 == 0 or not last:
-            last[:] = [naive_rmsnorm(x, weight, eps)]
-        return last[0].clone()
-
-    return kernel
+    return recompute_every(3)
 
 
 @register_variant("rmsnorm", "game-first-row-only", devices=CPU)
@@ -108,66 +104,28 @@ def ring_of_two(device_type: str):
 @register_variant("rmsnorm", "game-same-tensor-per-input", devices=CPU)
 def same_tensor_per_input(device_type: str):
     """Computes once per input tensor and hands back the same output tensor (the issue's case)."""
-    cache: dict[int, torch.Tensor] = {}
-
-    def kernel(x, weight, eps):
-        key = x.data_ptr()
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key]
-
-    return kernel
+    return cached_per(by_pointer, clone=False)
 
 
 @register_variant("rmsnorm", "game-clone-per-pointer", devices=CPU)
 def clone_per_pointer(device_type: str):
     """Computes once per input address, then returns a fresh copy of that result."""
-    cache: dict[int, torch.Tensor] = {}
-
-    def kernel(x, weight, eps):
-        key = x.data_ptr()
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key].clone()
-
-    return kernel
+    return cached_per(by_pointer)
 
 
 @register_variant("rmsnorm", "game-clone-per-pointer-and-version", devices=CPU)
 def clone_per_pointer_and_version(device_type: str):
     """As above, but recomputes when the tensor's version counter moves."""
-    cache: dict[tuple[int, int], torch.Tensor] = {}
-
-    def kernel(x, weight, eps):
-        key = (x.data_ptr(), x._version)
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key].clone()
-
-    return kernel
+    return cached_per(lambda x: (x.data_ptr(), x._version))
 
 
 @register_variant("rmsnorm", "game-clone-per-sampled-content", devices=CPU)
 def clone_per_sampled_content(device_type: str):
     """Keys its cache on the first 16 values: reads almost nothing, reuses everything."""
-    cache: dict[tuple[object, ...], torch.Tensor] = {}
-
-    def kernel(x, weight, eps):
-        key = (tuple(x.shape), tuple(x.reshape(-1)[:16].tolist()))
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key].clone()
-
-    return kernel
+    return cached_per(lambda x: (tuple(x.shape), tuple(x.reshape(-1)[:16].tolist())))
 
 
 @register_variant("rmsnorm", "game-numpy-hidden", devices=CPU, dtypes=("float32",))
 def numpy_hidden(device_type: str):
     """Correct, but computed in NumPy: no operator the profiler can see does the work."""
-
-    def kernel(x, weight, eps):
-        h = x.numpy()
-        scale = 1.0 / np.sqrt((h * h).mean(-1, keepdims=True) + eps)
-        return torch.from_numpy((h * scale * weight.numpy()).astype(np.float32))
-
-    return kernel
+    return numpy_rmsnorm

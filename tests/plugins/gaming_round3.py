@@ -13,12 +13,22 @@ import queue
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from fusionlab import register_variant
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+
+sys.path.append(str(Path(__file__).parent))  # the cheats' shared scaffolding sits beside this file
+from cheat_kit import (
+    by_pointer,
+    cached_per,
+    patch_perf_counter,
+    recompute_every,
+    stealing_time,
+)
 
 CPU = ("cpu",)
 F32 = ("float32",)
@@ -89,16 +99,21 @@ class _Lazy(torch.Tensor):
         return super().__torch_function__(func, types, args, kwargs or {})
 
 
-@register_variant("rmsnorm", "r3-lazy-subclass", devices=CPU)
-def lazy_subclass(device_type: str):
-    """Returns a tensor subclass whose values are computed only when the gate reads them."""
+def _lazy(subclass: type[torch.Tensor]):
+    """A kernel returning a `subclass` tensor whose naive RMSNorm waits in its `_thunk`."""
 
     def kernel(x, weight, eps):
-        out = torch.Tensor._make_subclass(_Lazy, torch.empty_like(x))
+        out = torch.Tensor._make_subclass(subclass, torch.empty_like(x))
         out._thunk = lambda: naive_rmsnorm(x, weight, eps)
         return out
 
     return kernel
+
+
+@register_variant("rmsnorm", "r3-lazy-subclass", devices=CPU)
+def lazy_subclass(device_type: str):
+    """Returns a tensor subclass whose values are computed only when the gate reads them."""
+    return _lazy(_Lazy)
 
 
 class _LazyOnRead(torch.Tensor):
@@ -128,13 +143,7 @@ class _LazyOnRead(torch.Tensor):
 @register_variant("rmsnorm", "r3-lazy-subclass-detach", devices=CPU)
 def lazy_subclass_detach(device_type: str):
     """A subclass that computes in `detach`, `to` and `clone`: what a checker calls to read."""
-
-    def kernel(x, weight, eps):
-        out = torch.Tensor._make_subclass(_LazyOnRead, torch.empty_like(x))
-        out._thunk = lambda: naive_rmsnorm(x, weight, eps)
-        return out
-
-    return kernel
+    return _lazy(_LazyOnRead)
 
 
 def _filler(batch: int):
@@ -273,26 +282,6 @@ def predict_seeded_offsets(device_type: str):
 # --- replacing the clock ------------------------------------------------------------------------
 
 
-def _stealing(patch) -> object:
-    """A correct kernel that hides half of its own run time from the clock(s) `patch` replaces."""
-    real = time.perf_counter
-    stolen = [0.0]
-    patch(stolen)
-
-    def kernel(x, weight, eps):
-        start = real()
-        out = naive_rmsnorm(x, weight, eps)
-        stolen[0] += 0.6 * (real() - start)
-        return out
-
-    return kernel
-
-
-def _patch_perf_counter(stolen: list[float]) -> None:
-    real = time.perf_counter
-    time.perf_counter = lambda: real() - stolen[0]
-
-
 def _patch_all(stolen: list[float]) -> None:
     for name in ("perf_counter", "monotonic", "time"):
         real = getattr(time, name)
@@ -320,40 +309,28 @@ def _patch_bound_names(stolen: list[float]) -> None:
 @register_variant("rmsnorm", "r3-clock-perf-counter", devices=CPU)
 def clock_perf_counter(device_type: str):
     """Replaces time.perf_counter in its factory; the clock stops for 60% of each call."""
-    return _stealing(_patch_perf_counter)
+    return stealing_time(patch_perf_counter)
 
 
 @register_variant("rmsnorm", "r3-clock-all-time-functions", devices=CPU)
 def clock_all_time_functions(device_type: str):
     """Replaces every clock function of the time module."""
-    return _stealing(_patch_all)
+    return stealing_time(_patch_all)
 
 
 @register_variant("rmsnorm", "r3-clock-bound-name", devices=CPU)
 def clock_bound_name(device_type: str):
     """Also replaces the clock names fusionlab's measuring modules bound at their import."""
-    return _stealing(_patch_bound_names)
+    return stealing_time(_patch_bound_names)
 
 
 # --- behave in the search, cheat later --------------------------------------------------------
 
 
-def _per_pointer_clone():
-    cache: dict[int, torch.Tensor] = {}
-
-    def cheat(x, weight, eps):
-        key = x.data_ptr()
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key].clone()
-
-    return cheat
-
-
 @register_variant("rmsnorm", "r3-cheat-in-rounds", devices=CPU)
 def cheat_in_rounds(device_type: str):
     """Honest in a search trial; in the re-measurement rounds (seen on the stack) it reuses."""
-    cheat = _per_pointer_clone()
+    cheat = cached_per(by_pointer)
 
     def kernel(x, weight, eps):
         frame = sys._getframe(1)
@@ -375,7 +352,7 @@ def cheat_after_first_build(device_type: str):
     time (the re-measurement builds it again)."""
     if next(_BUILDS) == 0:
         return lambda x, weight, eps: naive_rmsnorm(x, weight, eps)
-    return _per_pointer_clone()
+    return cached_per(by_pointer)
 
 
 # --- throttled skip ---------------------------------------------------------------------------
@@ -411,35 +388,19 @@ def _throttled(skip):
 @register_variant("rmsnorm", "r3-throttle-skip-half", devices=CPU)
 def throttle_skip_half(device_type: str):
     """Every other call hands back the previous output tensor, paced to ~2x copy bandwidth."""
-    calls = itertools.count()
-    last: list[torch.Tensor] = []
-
-    def skip(x, weight, eps):
-        if next(calls) % 2 == 0 or not last:
-            last[:] = [naive_rmsnorm(x, weight, eps)]
-        return last[0]
-
-    return _throttled(skip)
+    return _throttled(recompute_every(2, clone=False))
 
 
 @register_variant("rmsnorm", "r3-throttle-cached-clone", devices=CPU)
 def throttle_cached_clone(device_type: str):
     """A fresh copy of a result cached per input address, paced to ~2x copy bandwidth."""
-    return _throttled(_per_pointer_clone())
+    return _throttled(cached_per(by_pointer))
 
 
 @register_variant("rmsnorm", "r3-throttle-stale-every-other", devices=CPU)
 def throttle_stale_every_other(device_type: str):
     """Every other call returns a copy of the previous call's result (another input's answer)."""
-    calls = itertools.count()
-    last: list[torch.Tensor] = []
-
-    def skip(x, weight, eps):
-        if next(calls) % 2 == 0 or not last:
-            last[:] = [naive_rmsnorm(x, weight, eps)]
-        return last[0].clone()
-
-    return _throttled(skip)
+    return _throttled(recompute_every(2))
 
 
 # --- a token device op --------------------------------------------------------------------------

@@ -10,14 +10,25 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
 
 from fusionlab import OpSpec, Tolerance, register_op, register_variant
 from fusionlab.kernels.add_rmsnorm.framework import builtin_add_rmsnorm_
 from fusionlab.kernels.rmsnorm.framework import naive_rmsnorm
+
+sys.path.append(str(Path(__file__).parent))  # the cheats' shared scaffolding sits beside this file
+from cheat_kit import (
+    by_pointer,
+    cached_per,
+    numpy_rmsnorm,
+    patch_perf_counter,
+    right_once_then,
+    stealing_time,
+)
 
 CPU = ("cpu",)
 # Scales x in place on later calls: RMSNorm of c*x is RMSNorm of x (eps aside), so every output
@@ -107,58 +118,26 @@ def mutates_weight(device_type: str):
 @register_variant("rmsnorm", "rb-scales-input-later", devices=CPU)
 def scales_input_later(device_type: str):
     """Right answer on every call, but from the second call on it scales its x in place."""
-    calls = itertools.count()
-
-    def kernel(x, weight, eps):
-        out = naive_rmsnorm(x, weight, eps)
-        if next(calls) > 0:
-            x.mul_(_SCALE)
-        return out
-
-    return kernel
+    return right_once_then(lambda x: x.mul_(_SCALE), after=True)
 
 
 @register_variant("rmsnorm", "rb-corrupts-input-later", devices=CPU)
 def corrupts_input_later(device_type: str):
     """Right on the first call; from then on it negates its x after computing the answer."""
-    calls = itertools.count()
-
-    def kernel(x, weight, eps):
-        out = naive_rmsnorm(x, weight, eps)
-        if next(calls) > 0:
-            x.neg_()
-        return out
-
-    return kernel
+    return right_once_then(lambda x: x.neg_(), after=True)
 
 
 @register_variant("rmsnorm", "rb-cache-by-pointer", devices=CPU)
 def cache_by_pointer(device_type: str):
     """Computes once per input address and hands back a fresh copy of that result after."""
-    cache: dict[int, torch.Tensor] = {}
-
-    def kernel(x, weight, eps):
-        key = x.data_ptr()
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key].clone()
-
-    return kernel
+    return cached_per(by_pointer)
 
 
 @register_variant("rmsnorm", "rb-cache-by-head", devices=CPU)
 def cache_by_head(device_type: str):
     """Keys its cache on the input's address and its first few values: a change of every value
     recomputes, a change far from the start hands back the old answer."""
-    cache: dict[tuple[int, bytes], torch.Tensor] = {}
-
-    def kernel(x, weight, eps):
-        key = (x.data_ptr(), x.reshape(-1)[:8].numpy().tobytes())
-        if key not in cache:
-            cache[key] = naive_rmsnorm(x, weight, eps)
-        return cache[key].clone()
-
-    return kernel
+    return cached_per(lambda x: (x.data_ptr(), x.reshape(-1)[:8].numpy().tobytes()))
 
 
 @register_variant("rmsnorm", "rb-garbage-after-refill", devices=CPU)
@@ -251,52 +230,22 @@ def inplace_wrong_later(device_type: str):
 def stops_the_clock(device_type: str):
     """Right values; replaces time.perf_counter (for good: restore it after the trial) so that
     60% of each call never shows on it."""
-    real = time.perf_counter
-    stolen = [0.0]
-    time.perf_counter = lambda: real() - stolen[0]
-
-    def kernel(x, weight, eps):
-        start = real()
-        out = naive_rmsnorm(x, weight, eps)
-        stolen[0] += 0.6 * (real() - start)
-        return out
-
-    return kernel
+    return stealing_time(patch_perf_counter)
 
 
 @register_variant("rmsnorm", "rb-numpy-hidden", devices=CPU, dtypes=("float32",))
 def numpy_hidden(device_type: str):
     """Right values, computed in NumPy: no operator the profiler can see does the work."""
-
-    def kernel(x, weight, eps):
-        h = x.numpy()
-        scale = 1.0 / np.sqrt((h * h).mean(-1, keepdims=True) + eps)
-        return torch.from_numpy((h * scale * weight.numpy()).astype(np.float32))
-
-    return kernel
+    return numpy_rmsnorm
 
 
 @register_variant("rmsnorm", "rb-hangs-later", devices=CPU)
 def hangs_later(device_type: str):
     """Right on the first call, then never returns."""
-    calls = itertools.count()
-
-    def kernel(x, weight, eps):
-        if next(calls) > 0:
-            time.sleep(3600)
-        return naive_rmsnorm(x, weight, eps)
-
-    return kernel
+    return right_once_then(lambda x: time.sleep(3600))
 
 
 @register_variant("rmsnorm", "rb-exits-later", devices=CPU)
 def exits_later(device_type: str):
     """Right on the first call, then ends its process with exit code 3."""
-    calls = itertools.count()
-
-    def kernel(x, weight, eps):
-        if next(calls) > 0:
-            os._exit(3)
-        return naive_rmsnorm(x, weight, eps)
-
-    return kernel
+    return right_once_then(lambda x: os._exit(3))
