@@ -170,40 +170,64 @@ class _Round:
 
 def _targets(where: str, mb: float, is_default: bool, rounds: list[_Round], registered: dict,
              device: Device) -> list[str]:
-    lines = []
-    first = rounds[0]
+    """Each target this cell is judged by, as a line: met or not, with its spread over rounds."""
     if device.type == "cpu":
-        if mb >= 4:
-            for inplace, copy in ((False, "clone"), (True, "copy_")):
-                tops = [max((f for v, f in r.share.items() if (v in r.inplace) == inplace),
-                            default=0.0) for r in rounds]
-                if max(tops) == 0.0:
-                    continue
-                top = statistics.median(tops)
-                kind = "in-place" if inplace else "out-of-place"
-                share = _spread([100 * t for t in tops], 0, "%")
-                lines.append(f"{where}: best {kind} lowering {share} of {copy}"
-                             f" (>= 85%: {'yes' if top >= 0.85 else 'NO'})")
-        for cpp in sorted(v for v in first.best if _is_cpp(v)):
-            ratios = [r.best[cpp] / min(t for v, t in r.best.items() if not _is_cpp(v))
-                      for r in rounds if any(not _is_cpp(v) for v in r.best)]
-            if not ratios:
-                continue
-            ratio = statistics.median(ratios)
-            verdict = ("yes" if ratio <= 1.05 else "NO") if is_default else "not a default shape"
-            lines.append(f"{where}: {cpp} / fastest non-C++ = {_spread(ratios)} "
-                         f"(<= 1.05: {verdict})")
-    if device.type == "cuda" and first.best.get("triton"):
-        triton = statistics.median([r.best["triton"] for r in rounds])
-        copy_gbps = statistics.median([r.copy_gbps for r in rounds])
-        if mb >= 64:
-            gbps = statistics.median([r.share["triton"] * r.clone_gbps for r in rounds])
-            lines.append(f"{where}: triton {100 * gbps / copy_gbps:.0f}% of copy_ "
-                         f"(>= 80%: {'yes' if gbps >= 0.8 * copy_gbps else 'NO'})")
-        if first.best.get("compiled"):
-            ratio = triton / statistics.median([r.best["compiled"] for r in rounds])
-            lines.append(f"{where}: triton / compiled = {ratio:.2f} "
-                         f"(<= 1.10: {'yes' if ratio <= 1.10 else 'NO'})")
+        return _copy_share_targets(where, mb, rounds) + _cpp_ratio_targets(where, is_default,
+                                                                           rounds)
+    if device.type == "cuda":
+        return _triton_targets(where, mb, rounds)
+    return []
+
+
+def _copy_share_targets(where: str, mb: float, rounds: list[_Round]) -> list[str]:
+    """Where x >= 4 MB: the best lowering's share of the same-run copy (in-place variants
+    against the in-place copy), >= 85%."""
+    if mb < 4:
+        return []
+    lines = []
+    for inplace, copy in ((False, "clone"), (True, "copy_")):
+        tops = [max((f for v, f in r.share.items() if (v in r.inplace) == inplace), default=0.0)
+                for r in rounds]
+        if max(tops) == 0.0:
+            continue
+        kind = "in-place" if inplace else "out-of-place"
+        share = _spread([100 * t for t in tops], 0, "%")
+        met = "yes" if statistics.median(tops) >= 0.85 else "NO"
+        lines.append(f"{where}: best {kind} lowering {share} of {copy} (>= 85%: {met})")
+    return lines
+
+
+def _cpp_ratio_targets(where: str, is_default: bool, rounds: list[_Round]) -> list[str]:
+    """Each C++ variant against the fastest other lowering of the same round, <= 1.05x."""
+    lines = []
+    for cpp in sorted(v for v in rounds[0].best if _is_cpp(v)):
+        ratios = [r.best[cpp] / min(t for v, t in r.best.items() if not _is_cpp(v))
+                  for r in rounds if any(not _is_cpp(v) for v in r.best)]
+        if not ratios:
+            continue
+        met = "yes" if statistics.median(ratios) <= 1.05 else "NO"
+        verdict = met if is_default else "not a default shape"
+        lines.append(f"{where}: {cpp} / fastest non-C++ = {_spread(ratios)} (<= 1.05: {verdict})")
+    return lines
+
+
+def _triton_targets(where: str, mb: float, rounds: list[_Round]) -> list[str]:
+    """On a GPU: Triton's share of copy_ where x >= 64 MB (>= 80%), and Triton over compiled
+    (<= 1.10x)."""
+    first = rounds[0]
+    if not first.best.get("triton"):
+        return []
+    lines = []
+    triton = statistics.median([r.best["triton"] for r in rounds])
+    copy_gbps = statistics.median([r.copy_gbps for r in rounds])
+    if mb >= 64:
+        gbps = statistics.median([r.share["triton"] * r.clone_gbps for r in rounds])
+        lines.append(f"{where}: triton {100 * gbps / copy_gbps:.0f}% of copy_ "
+                     f"(>= 80%: {'yes' if gbps >= 0.8 * copy_gbps else 'NO'})")
+    if first.best.get("compiled"):
+        ratio = triton / statistics.median([r.best["compiled"] for r in rounds])
+        lines.append(f"{where}: triton / compiled = {ratio:.2f} "
+                     f"(<= 1.10: {'yes' if ratio <= 1.10 else 'NO'})")
     return lines
 
 

@@ -22,8 +22,9 @@ import torch
 from tabulate import tabulate
 
 from fusionlab.devices.cpu import cpu_llc_bytes
+from fusionlab.kernels.compiling import compiled_copy
 from fusionlab.kernels.rmsnorm.cpu_cpp import ROWS_PER_TASK_CHOICES, rms_norm_cpp
-from fusionlab.kernels.rmsnorm.framework import builtin_rmsnorm, compiled, naive_rmsnorm
+from fusionlab.kernels.rmsnorm.framework import builtin_rmsnorm, naive_rmsnorm
 from fusionlab.measure.limits import SLACK, _Rotating, _rotation, median_call_s
 
 SHAPES = "1x4096,32x4096,512x4096,2048x8192,2048x4096"
@@ -39,7 +40,7 @@ def _kernels(shape: tuple[int, ...], dtype: torch.dtype) -> dict[str, Callable[.
     kernels: dict[str, Callable[..., object]] = {
         "naive": naive_rmsnorm,
         "builtin": builtin_rmsnorm,
-        "compiled": compiled("cpu", mode="default", dynamic=False),
+        "compiled": compiled_copy(naive_rmsnorm, "cpu", mode="default", dynamic=False),
     }
     for rows in ROWS_PER_TASK_CHOICES:
         kernels[f"cpp/{rows}"] = lambda x, w, eps, rows=rows: rms_norm_cpp(x, w, eps, rows)
@@ -78,6 +79,63 @@ def _measure(
     return {name: statistics.median(t[name] for t in taken) for name in calls}
 
 
+class _Tally:
+    """What the runs found: the table's rows, the largest honest ratio per (state, threads), each
+    cheat's ratio, and each warm result judged against a cold limit."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[object]] = []
+        self.worst: dict[tuple[str, int], tuple[float, str]] = {}
+        self.cheats: list[float] = []
+        self.cross: list[float] = []
+
+    def cell(self, shape: tuple[int, ...], dtype: torch.dtype, threads: list[int],
+             rounds: int) -> list[str]:
+        """Measure one shape and dtype at each thread count, warm and cold; the kernels' names."""
+        kernels = _kernels(shape, dtype)
+        numel = math.prod(shape)
+        label = f"{'x'.join(map(str, shape))} {str(dtype)[6:]}"
+        moved = (2 * numel + shape[-1]) * dtype.itemsize
+        copied = 2 * numel * dtype.itemsize
+        limits = {}
+        for n in threads:
+            torch.set_num_threads(n)
+            for cold in (False, True):
+                times = _measure(shape, dtype, kernels, cold, rounds)
+                limit = max(copied / times[c] for c in COPIES) / 1e9
+                limits[(n, cold)] = (limit, times)
+                ratio = {k: moved / times[k] / 1e9 / limit for k in kernels}
+                best = max(ratio, key=ratio.__getitem__)
+                state = "cold" if cold else "warm"
+                if ratio[best] > self.worst.get((state, n), (0.0, ""))[0]:
+                    self.worst[(state, n)] = (ratio[best], f"{best} {label}")
+                self.cheats.append(moved / times[CHEAT] / 1e9 / limit)
+                self.rows.append([
+                    "x".join(map(str, shape)), str(dtype)[6:], n, state,
+                    *(f"{copied / times[c] / 1e9:.3g}" for c in COPIES),
+                    *(f"{ratio[k]:.2f}" for k in kernels), f"{self.cheats[-1]:.0f}",
+                ])
+        for n in threads:  # a warm result judged against a cold limit: why states must match
+            _, warm_times = limits[(n, False)]
+            cold_limit, _ = limits[(n, True)]
+            self.cross.append(max(moved / warm_times[k] / 1e9 / cold_limit for k in kernels))
+        return list(kernels)
+
+    def report(self, kernels: list[str]) -> None:
+        headers = ["shape", "dtype", "thr", "state", "clone GB/s", "copy_ GB/s",
+                   *(f"{k}/lim" for k in kernels), f"{CHEAT}/lim"]
+        print(tabulate(self.rows, headers=headers, tablefmt="simple", disable_numparse=True))
+        print("\nlargest honest ratio achieved / max(clone, copy_), like for like:")
+        for (state, n), (value, where) in sorted(self.worst.items()):
+            print(f"  {state} threads={n}: {value:.2f} ({where})")
+        top = max(value for value, _ in self.worst.values())
+        print(f"overall {top:.2f}: SLACK {SLACK} leaves a {SLACK / top:.2f}x margin")
+        print(f"cheat ratio: min {min(self.cheats):.0f}, max {max(self.cheats):.0f} (all flagged: "
+              f"{'yes' if min(self.cheats) > SLACK else 'NO'})")
+        print(f"warm result vs cold limit (mismatched states), largest honest ratio: "
+              f"{max(self.cross):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shapes", default=SHAPES)
@@ -89,48 +147,12 @@ def main() -> None:
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     print(f"torch {torch.__version__}, LLC {cpu_llc_bytes()} B, threads {threads}, SLACK {SLACK}")
-    rows, worst, cheats, cross = [], {}, [], []
+    tally = _Tally()
+    kernels: list[str] = []
     for dtype in dtypes:
         for shape in shapes:
-            kernels = _kernels(shape, dtype)
-            numel = math.prod(shape)
-            label = f"{'x'.join(map(str, shape))} {str(dtype)[6:]}"
-            moved = (2 * numel + shape[-1]) * dtype.itemsize
-            copied = 2 * numel * dtype.itemsize
-            limits = {}
-            for n in threads:
-                torch.set_num_threads(n)
-                for cold in (False, True):
-                    times = _measure(shape, dtype, kernels, cold, args.rounds)
-                    limit = max(copied / times[c] for c in COPIES) / 1e9
-                    limits[(n, cold)] = (limit, times)
-                    ratio = {k: moved / times[k] / 1e9 / limit for k in kernels}
-                    best = max(ratio, key=ratio.__getitem__)
-                    state = "cold" if cold else "warm"
-                    key = (state, n)
-                    if ratio[best] > worst.get(key, (0.0, ""))[0]:
-                        worst[key] = (ratio[best], f"{best} {label}")
-                    cheats.append(moved / times[CHEAT] / 1e9 / limit)
-                    rows.append([
-                        "x".join(map(str, shape)), str(dtype)[6:], n, state,
-                        *(f"{copied / times[c] / 1e9:.3g}" for c in COPIES),
-                        *(f"{ratio[k]:.2f}" for k in kernels), f"{cheats[-1]:.0f}",
-                    ])
-            for n in threads:  # a warm result judged against a cold limit: why states must match
-                _, warm_times = limits[(n, False)]
-                cold_limit, _ = limits[(n, True)]
-                cross.append(max(moved / warm_times[k] / 1e9 / cold_limit for k in kernels))
-    headers = ["shape", "dtype", "thr", "state", "clone GB/s", "copy_ GB/s",
-               *(f"{k}/lim" for k in kernels), f"{CHEAT}/lim"]
-    print(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
-    print("\nlargest honest ratio achieved / max(clone, copy_), like for like:")
-    for (state, n), (value, where) in sorted(worst.items()):
-        print(f"  {state} threads={n}: {value:.2f} ({where})")
-    top = max(value for value, _ in worst.values())
-    print(f"overall {top:.2f}: SLACK {SLACK} leaves a {SLACK / top:.2f}x margin")
-    print(f"cheat ratio: min {min(cheats):.0f}, max {max(cheats):.0f} (all flagged: "
-          f"{'yes' if min(cheats) > SLACK else 'NO'})")
-    print(f"warm result vs cold limit (mismatched states), largest honest ratio: {max(cross):.2f}")
+            kernels = tally.cell(shape, dtype, threads, args.rounds)
+    tally.report(kernels)
 
 
 if __name__ == "__main__":
