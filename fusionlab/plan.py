@@ -63,12 +63,14 @@ class Confirm:
 
 @dataclass(frozen=True)
 class SweepPlan:
-    """What to sweep and how; built and validated by `make_plan`."""
+    """What to sweep and how; built and validated by `make_plan`, which resolves the op once:
+    the plan carries its spec and its registered variants down the sweep, not their names."""
 
-    op: str
+    spec: OpSpec
     device: Device
     shapes: list[Shape]
     dtypes: list[str]
+    registered: Mapping[str, Variant] = field(repr=False, compare=False)
     variants: list[str] | None = None
     trials: int = 40
     exhaustive_limit: int = 64
@@ -92,13 +94,13 @@ class SweepPlan:
         return device_label(self.device.hardware_name(), self.threads, self.allocator)
 
     @property
-    def spec(self) -> OpSpec:
-        return get_op(self.op)
+    def op(self) -> str:
+        return self.spec.name
 
     def cell_variants(self, dtype: str) -> list[Variant]:
         """The variants that can run in a cell here (choice, availability, device and dtype), as
         this plan's pass sweeps them (`Variant.for_pass`)."""
-        chosen = variants_of(self.op)
+        chosen = dict(self.registered)
         if self.variants is not None:
             chosen = {name: chosen[name] for name in self.variants}
         return [
@@ -330,10 +332,11 @@ def make_plan(
         options.setdefault("timing", QUICK_TIMING)
         options.setdefault("profiler", QUICK_PROFILER)
     return SweepPlan(
-        op=op,
+        spec=spec,
         device=target,
         shapes=shape_list,
         dtypes=dtype_list,
+        registered=named,
         variants=chosen,
         plugins=list(plugins),
         **options,

@@ -11,7 +11,6 @@ import torch
 from fusionlab.measure.profiling import ProfilerSettings
 from fusionlab.plan import SweepPlan
 from fusionlab.records import TrialRecord
-from fusionlab.registry import get_op
 from fusionlab.report import fit
 from fusionlab.shapes import format_shape
 
@@ -97,7 +96,7 @@ def render(records: list[TrialRecord], plan: SweepPlan, trace_dir: str | None,
     )
     cropped = _print_profiles(records, width, show)
     print()
-    _print_summary(records, get_op(plan.op).baseline, width, cropped, show)
+    _print_summary(records, plan.spec.baseline, width, cropped, show)
     print()
     for record in records:
         show(verdict(record))
