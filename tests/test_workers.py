@@ -183,20 +183,26 @@ def test_worker_joins_a_planned_sweep_and_a_sigkilled_one_loses_nothing(url: str
             if process is not None and process.poll() is None:
                 process.kill()
     assert sweep.returncode == 0, err
+    _assert_killed_claim_taken_over(url, victim.pid)
+    _assert_status_shows_every_cell_measured(url)
+
+
+def _assert_killed_claim_taken_over(url: str, pid: int) -> None:
+    """Every configuration measured exactly once; the killed worker's claim taken over when its
+    lease expired, its trial pruned without a record, nothing left running or waiting."""
     counts = _config_sets(url)
     assert all(len(c) == CONFIGS_PER_CELL for c in counts.values()), counts
     assert all(n == 1 for c in counts.values() for n in c.values()), counts
     trials = [t for s in _cells(url) for t in s.get_trials(deepcopy=False)]
     taken_over = [t for t in trials if t.user_attrs.get("retry_why") == "lease expired"]
     assert taken_over, "the killed worker's claim was not taken over"
-    killed = [
-        t for t in trials
-        if t.state == TrialState.PRUNED and t.user_attrs.get("worker", "").endswith(
-            f":{victim.pid}"
-        )
-    ]
+    killed = [t for t in trials if t.state == TrialState.PRUNED
+              and t.user_attrs.get("worker", "").endswith(f":{pid}")]
     assert killed and all(store.RECORD_ATTR not in t.user_attrs for t in killed)
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def _assert_status_shows_every_cell_measured(url: str) -> None:
     status = _fusionlab("status", "--storage", url)
     assert status.returncode == 0, status.stderr
     rows = [line.split() for line in status.stdout.splitlines() if "float32" in line]
