@@ -100,7 +100,7 @@ class SweepPlan:
     def cell_variants(self, dtype: str) -> list[Variant]:
         """The variants that can run in a cell here (choice, availability, device and dtype), as
         this plan's pass sweeps them (`Variant.for_pass`)."""
-        chosen = dict(self.registered)
+        chosen = self.registered
         if self.variants is not None:
             chosen = {name: chosen[name] for name in self.variants}
         return [
