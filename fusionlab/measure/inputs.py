@@ -80,13 +80,51 @@ def _weighted_sum(bits: torch.Tensor) -> int:
     return int(total)
 
 
-def _checksum(inputs: Inputs) -> list[int]:
-    """Every input's bit patterns, weighted by secret per-position weights and summed
-    (`_weighted_sum`); one pass with no float64 copy (every set of a cold rotation is
-    checksummed)."""
+def _position_weights(count: int) -> torch.Tensor:
+    """row[i // P] * column[i % P] for the first `count` positions: `_weighted_sum`'s weights
+    written out, for tensors small enough to weight in one product."""
+    rows = count // _PERIOD + 1
+    weights = _weights("row", rows).repeat_interleave(_PERIOD)[:count]
+    return weights * _weights("column", _PERIOD).repeat(rows)[:count]
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's bit patterns as a flat integer view (no copy)."""
+    return tensor.detach().reshape(-1).view(_BITS[tensor.element_size()])
+
+
+def _stacked_sums(tensors: list[torch.Tensor]) -> list[int]:
+    """`_weighted_sum` of each of these small tensors of one size, stacked in chunks of about
+    _BLOCK_ROWS x _PERIOD elements: the same sums modulo 2^64, a few torch calls per chunk
+    instead of a dozen per tensor (a cold rotation of a small shape has thousands of sets)."""
+    count = tensors[0].numel()
+    weighted = rules.on("weighted_checksum")
+    weights = _position_weights(count) if weighted else None
+    per_chunk = max(1, _BLOCK_ROWS * _PERIOD // max(count, 1))
+    sums: list[int] = []
+    for start in range(0, len(tensors), per_chunk):
+        with torch.no_grad():
+            chunk = torch.stack(tensors[start:start + per_chunk])
+        bits = _BITS[chunk.element_size()]
+        grid = chunk.reshape(chunk.shape[0], -1).view(bits).to(torch.int64)
+        sums += (grid.mul_(weights) if weights is not None else grid).sum(1).tolist()
+    return sums
+
+
+def _checksums(sets: list[Inputs]) -> list[list[int]]:
+    """Each set's checksums: every input's bit patterns, weighted by secret per-position
+    weights and summed (`_weighted_sum`), with no float64 copy. Inputs at one position that
+    are small and alike across sets are summed together (`_stacked_sums`)."""
+    columns = list(zip(*(tensors_in(inputs) for inputs in sets), strict=True))
+    by_column: list[list[int]] = []
     with serial():
-        return [_weighted_sum(t.detach().reshape(-1).view(_BITS[t.element_size()]))
-                for t in tensors_in(inputs)]
+        for tensors in columns:
+            alike = {(t.numel(), t.element_size()) for t in tensors}
+            if len(alike) == 1 and tensors[0].numel() <= _PERIOD * _BLOCK_ROWS:
+                by_column.append(_stacked_sums(list(tensors)))
+            else:
+                by_column.append([_weighted_sum(_bits(t)) for t in tensors])
+    return [list(row) for row in zip(*by_column, strict=True)] if columns else [[]] * len(sets)
 
 
 @dataclass
@@ -103,11 +141,14 @@ class InputSets:
     _checksums: dict[int, list[int]] = field(default_factory=dict)
 
     def ensure(self, count: int) -> None:
+        first = len(self.sets)
         while len(self.sets) < count:
             index = len(self.sets)
-            inputs = self.spec.make_inputs(self.shape, self.dtype, self.device, self.seed + index)
-            self.sets.append(inputs)
-            self._checksums[index] = _checksum(inputs)
+            self.sets.append(
+                self.spec.make_inputs(self.shape, self.dtype, self.device, self.seed + index)
+            )
+        for index, sums in enumerate(_checksums(self.sets[first:]), start=first):
+            self._checksums[index] = sums
 
     @property
     def bytes_per_set(self) -> int:
@@ -137,8 +178,8 @@ class InputSets:
 
     def modified(self, count: int) -> list[int]:
         """Sets among the first `count` whose values no longer match their checksum."""
-        return [i for i in range(min(count, len(self.sets)))
-                if _checksum(self.sets[i]) != self._checksums[i]]
+        now = _checksums(self.sets[:count])
+        return [i for i, sums in enumerate(now) if sums != self._checksums[i]]
 
 
 class InputCache:

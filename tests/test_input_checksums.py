@@ -1,0 +1,54 @@
+"""Input-set checksums: the stacked path that sums thousands of small sets together gives each
+set the same checksum as the one-tensor weighted sum, and still finds one changed, swapped or
+ulp-shifted set among thousands (what a cold rotation of a small shape holds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fusionlab.measure import inputs
+from fusionlab.measure.inputs import InputSets
+from fusionlab.registry import get_op
+
+PERIOD, BLOCK = inputs._PERIOD, inputs._PERIOD * inputs._BLOCK_ROWS
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int8])
+@pytest.mark.parametrize("numel", [1, 7, 64, PERIOD, PERIOD + 1, 3 * PERIOD + 5, BLOCK])
+def test_stacked_sums_equal_each_tensors_weighted_sum(dtype, numel) -> None:
+    generator = torch.Generator().manual_seed(numel)
+    tensors = [(torch.randn(numel, generator=generator) * 50).to(dtype) for _ in range(5)]
+    tensors.append((torch.randn(numel, 3, generator=generator) * 50).to(dtype)[:, 1])  # strided
+    alone = [inputs._weighted_sum(inputs._bits(t)) for t in tensors]
+    assert inputs._stacked_sums(tensors) == alone
+    assert len(set(alone)) == len(alone)  # different values, different sums
+
+
+def _sets(count: int) -> InputSets:
+    sets = InputSets(get_op("rmsnorm"), (2, 64), torch.float32, torch.device("cpu"), 3)
+    sets.ensure(count)
+    return sets
+
+
+def test_thousands_of_small_sets_each_keep_their_own_checksum() -> None:
+    sets = _sets(3000)
+    assert sets.modified(3000) == []
+    x = tensors_of(sets, 1234)[0]
+    x.view(torch.int32)[1, 5] += 1  # one ulp in one set
+    y = tensors_of(sets, 2999)[0]
+    y[0, 3], y[0, 4] = y[0, 4].item(), y[0, 3].item()  # a swap of two elements
+    assert sets.modified(3000) == [1234, 2999]
+    assert sets.modified(2000) == [1234]
+
+
+def test_mixed_sizes_across_sets_fall_back_to_one_sum_each() -> None:
+    small = [torch.randn(64), torch.randn(65)]
+    assert inputs._checksums([(small[0],), (small[1],)]) == [
+        [inputs._weighted_sum(inputs._bits(small[0]))],
+        [inputs._weighted_sum(inputs._bits(small[1]))],
+    ]
+
+
+def tensors_of(sets: InputSets, index: int) -> list[torch.Tensor]:
+    return inputs.tensors_in(sets.sets[index])
