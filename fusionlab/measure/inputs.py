@@ -66,10 +66,11 @@ def _weighted_sum(bits: torch.Tensor) -> int:
     if not rules.on("weighted_checksum"):
         return int(bits.sum())
     rows, tail = divmod(bits.numel(), _PERIOD)
-    column, row = _weights("column", _PERIOD), _weights("row", rows + 1)
-    total = torch.zeros((), dtype=torch.int64)
+    device = bits.device
+    column, row = _weights("column", _PERIOD).to(device), _weights("row", rows + 1).to(device)
+    total = torch.zeros((), dtype=torch.int64, device=device)
     grid = bits[: rows * _PERIOD].view(rows, _PERIOD)
-    product = torch.empty((min(rows, _BLOCK_ROWS), _PERIOD), dtype=torch.int64)
+    product = torch.empty((min(rows, _BLOCK_ROWS), _PERIOD), dtype=torch.int64, device=device)
     for start in range(0, rows, _BLOCK_ROWS):
         block = grid[start:start + _BLOCK_ROWS]
         out = product[: block.shape[0]]
@@ -107,7 +108,9 @@ def _stacked_sums(tensors: list[torch.Tensor]) -> list[int]:
             chunk = torch.stack(tensors[start:start + per_chunk])
         bits = _BITS[chunk.element_size()]
         grid = chunk.reshape(chunk.shape[0], -1).view(bits).to(torch.int64)
-        sums += (grid.mul_(weights) if weights is not None else grid).sum(1).tolist()
+        if weights is not None:
+            grid.mul_(weights.to(grid.device))
+        sums += grid.sum(1).tolist()
     return sums
 
 
