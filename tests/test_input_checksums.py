@@ -12,10 +12,13 @@ from fusionlab.measure.inputs import InputSets
 from fusionlab.registry import get_op
 
 PERIOD, BLOCK = inputs._PERIOD, inputs._PERIOD * inputs._BLOCK_ROWS
+STACKED = inputs._STACKED_NUMEL
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int8])
-@pytest.mark.parametrize("numel", [1, 7, 64, PERIOD, PERIOD + 1, 3 * PERIOD + 5, BLOCK])
+@pytest.mark.parametrize(
+    "numel", [1, 7, 64, PERIOD, PERIOD + 1, 3 * PERIOD + 5, STACKED, STACKED + 1, BLOCK]
+)
 def test_stacked_sums_equal_each_tensors_weighted_sum(dtype, numel) -> None:
     generator = torch.Generator().manual_seed(numel)
     tensors = [(torch.randn(numel, generator=generator) * 50).to(dtype) for _ in range(5)]
@@ -25,21 +28,23 @@ def test_stacked_sums_equal_each_tensors_weighted_sum(dtype, numel) -> None:
     assert len(set(alone)) == len(alone)  # different values, different sums
 
 
-def _sets(count: int) -> InputSets:
-    sets = InputSets(get_op("rmsnorm"), (2, 64), torch.float32, torch.device("cpu"), 3)
+def _sets(shape: tuple[int, int], count: int) -> InputSets:
+    sets = InputSets(get_op("rmsnorm"), shape, torch.float32, torch.device("cpu"), 3)
     sets.ensure(count)
     return sets
 
 
-def test_thousands_of_small_sets_each_keep_their_own_checksum() -> None:
-    sets = _sets(3000)
-    assert sets.modified(3000) == []
-    x = tensors_of(sets, 1234)[0]
+@pytest.mark.parametrize(("shape", "count"), [((2, 64), 3000), ((4, 3 * STACKED // 4), 6)])
+def test_one_changed_set_among_many_is_found(shape, count) -> None:
+    """Stacked (thousands of small sets) and one at a time (a few large ones)."""
+    sets = _sets(shape, count)
+    assert sets.modified(count) == []
+    x = tensors_of(sets, count // 2)[0]
     x.view(torch.int32)[1, 5] += 1  # one ulp in one set
-    y = tensors_of(sets, 2999)[0]
+    y = tensors_of(sets, count - 1)[0]
     y[0, 3], y[0, 4] = y[0, 4].item(), y[0, 3].item()  # a swap of two elements
-    assert sets.modified(3000) == [1234, 2999]
-    assert sets.modified(2000) == [1234]
+    assert sets.modified(count) == [count // 2, count - 1]
+    assert sets.modified(count - 1) == [count // 2]
 
 
 def test_mixed_sizes_across_sets_fall_back_to_one_sum_each() -> None:
