@@ -34,6 +34,10 @@ def _sets(shape: tuple[int, int], count: int) -> InputSets:
     return sets
 
 
+def tensors_of(sets: InputSets, index: int) -> list[torch.Tensor]:
+    return inputs.tensors_in(sets.sets[index])
+
+
 @pytest.mark.parametrize(("shape", "count"), [((2, 64), 3000), ((4, 3 * STACKED // 4), 6)])
 def test_one_changed_set_among_many_is_found(shape, count) -> None:
     """Stacked (thousands of small sets) and one at a time (a few large ones)."""
@@ -53,7 +57,3 @@ def test_mixed_sizes_across_sets_fall_back_to_one_sum_each() -> None:
         [inputs._weighted_sum(inputs._bits(small[0]))],
         [inputs._weighted_sum(inputs._bits(small[1]))],
     ]
-
-
-def tensors_of(sets: InputSets, index: int) -> list[torch.Tensor]:
-    return inputs.tensors_in(sets.sets[index])

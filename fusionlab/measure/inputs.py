@@ -103,8 +103,7 @@ def _stacked_sums(tensors: list[torch.Tensor]) -> list[int]:
     _BLOCK_ROWS x _PERIOD elements: the same sums modulo 2^64, a few torch calls per chunk
     instead of a dozen per tensor (a cold rotation of a small shape has thousands of sets)."""
     count = tensors[0].numel()
-    weighted = rules.on("weighted_checksum")
-    weights = _position_weights(count) if weighted else None
+    weights = _position_weights(count) if rules.on("weighted_checksum") else None
     per_chunk = max(1, _BLOCK_ROWS * _PERIOD // max(count, 1))
     sums: list[int] = []
     for start in range(0, len(tensors), per_chunk):
@@ -131,7 +130,7 @@ def _checksums(sets: list[Inputs]) -> list[list[int]]:
                 by_column.append(_stacked_sums(list(tensors)))
             else:
                 by_column.append([_weighted_sum(_bits(t)) for t in tensors])
-    return [list(row) for row in zip(*by_column, strict=True)] if columns else [[]] * len(sets)
+    return [list(row) for row in zip(*by_column, strict=True)] if columns else [[] for _ in sets]
 
 
 @dataclass
