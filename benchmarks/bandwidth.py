@@ -10,6 +10,9 @@ nothing), and the targets as ratios, misses marked NO:
   * each C++ kernel is within 5% of the fastest non-C++ variant at every default shape (CPU);
   * the Triton kernel reaches >= 80% of copy bandwidth at 64 MB and more and is within 10% of
     torch.compile at every shape (CUDA).
+Where an out-of-place cell misses 85% of clone (CPU), the best lowering is timed once more on a
+cache-resident input of the same row width (x within 1 MiB): below 85% of the cell's clone
+even from cache, the cell is compute-bound on this machine, which no memory access can fix.
 Every correct configuration is measured; contenders are interleaved over several rounds and the
 median of the rounds is kept. In-place variants run on private copies of the inputs.
 
@@ -47,6 +50,7 @@ from fusionlab.registry import get_op, op_names, variants_of
 from fusionlab.shapes import format_shape, parse_dtypes, parse_list, parse_shapes, torch_dtype
 
 EXTRA_SHAPES = "2048x4096,4x2048x4096"
+CACHE_RESIDENT_BYTES = 1 << 20  # x of the from-cache shape: x and y stay in the caches
 SETTINGS = TimingSettings(budget_s=0.2, min_samples=10, checked_calls=0)
 COPIES = ("clone", "copy_")
 _ALLOCATOR_SET = "FUSIONLAB_BANDWIDTH_ALLOCATOR"  # which setting this process was started under
@@ -101,6 +105,26 @@ def measure(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: int,
     return samples
 
 
+def _cache_resident(shape: Shape, itemsize: int) -> Shape:
+    """The cell's row width with only as many rows as keep x within CACHE_RESIDENT_BYTES (at
+    least one row per thread)."""
+    width = shape[-1]
+    return (max(torch.get_num_threads(), CACHE_RESIDENT_BYTES // (width * itemsize)), width)
+
+
+def from_cache_gbps(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: int,
+                    variant: str) -> float:
+    """The variant's effective GB/s at its fastest configuration on a cache-resident input of
+    the cell's row width: what it reaches with no DRAM traffic, its compute ceiling."""
+    small = _cache_resident(shape, torch_dtype(dtype).itemsize)
+    inputs = spec.make_inputs(small, torch_dtype(dtype), device.torch_device, 0)
+    calls = {name: call for name, call in
+             _contenders(spec, dtype, device, inputs, {variant}).items() if name not in COPIES}
+    fastest = min(statistics.median(_median_ms(call, device) for _ in range(rounds))
+                  for call in calls.values())
+    return spec.bytes_moved(small, torch_dtype(dtype)) / (fastest * 1e-3) / 1e9
+
+
 def _best(times: dict[str, float], variant: str) -> float | None:
     mine = [t for name, t in times.items() if name.split()[0] == variant]
     return min(mine) if mine else None
@@ -144,6 +168,8 @@ def run_op(op: str, args: argparse.Namespace, device: Device) -> None:
                          *(_spread([100 * r.share[v] for r in rounds], 0, "%") for v in variants)])
             checks += _targets(f"{format_shape(shape)} {dtype}", x_bytes / 1e6, shape in default,
                                rounds, registered, device)
+            if device.type == "cpu":
+                checks += _compute_bound(spec, shape, dtype, device, args.rounds, rounds, x_bytes)
     headers = ["shape", "dtype", "MB (x)", "clone GB/s", "copy_ GB/s", "fastest",
                *(f"{v} % of {'copy_' if registered[v].inplace else 'clone'}" for v in variants)]
     print(f"\n== {op}: bytes = {spec.bytes_moved.__doc__}")
@@ -195,6 +221,26 @@ def _copy_share_targets(where: str, mb: float, rounds: list[_Round]) -> list[str
         met = "yes" if statistics.median(tops) >= 0.85 else "NO"
         lines.append(f"{where}: best {kind} lowering {share} of {copy} (>= 85%: {met})")
     return lines
+
+
+def _compute_bound(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: int,
+                   per_round: list[_Round], x_bytes: int) -> list[str]:
+    """For an out-of-place cell that misses 85% of clone: the best lowering's share of clone
+    when its input is cache-resident. Below 85% even from cache, the core's arithmetic, not the
+    memory, is what bounds the cell on this machine."""
+    if x_bytes < 4e6:
+        return []
+    tops = [max(((f, v) for v, f in r.share.items() if v not in r.inplace), default=(0.0, ""))
+            for r in per_round]
+    if not tops[0][1] or statistics.median(f for f, _ in tops) >= 0.85:
+        return []
+    variant = statistics.median_low(tops)[1]
+    clone = statistics.median(r.clone_gbps for r in per_round)
+    ceiling = from_cache_gbps(spec, shape, dtype, device, rounds, variant) / clone
+    small = format_shape(_cache_resident(shape, torch_dtype(dtype).itemsize))
+    bound = "compute-bound here" if ceiling < 0.85 else "not compute-bound: memory access is"
+    return [f"{format_shape(shape)} {dtype}: from cache ({small}) {variant} reaches "
+            f"{100 * ceiling:.0f}% of this cell's clone ({bound})"]
 
 
 def _cpp_ratio_targets(where: str, is_default: bool, rounds: list[_Round]) -> list[str]:

@@ -6,6 +6,7 @@ import helpers
 import pytest
 import torch
 
+from fusionlab.kernels import cpu_store
 from fusionlab.kernels.layernorm import cpu_cpp
 
 _UNAVAILABLE = cpu_cpp.unavailable_reason()
@@ -61,6 +62,22 @@ def test_large_mean_does_not_cancel(shape):
     # output by ~1e-1; Welford's error stays at fp32 roundoff of the mean (~1e-4 of a std).
     x, weight, bias = make(shape, torch.float32, seed=5, offset=1000.0)
     check(x, weight, bias, tol={"rtol": 0.0, "atol": 3e-4})
+
+
+@pytest.mark.parametrize("stats", cpu_store.STATS_CHOICES)
+@pytest.mark.parametrize("shape", [(5, 4097), (4, 33), (1, 7)], ids=["5x4097", "4x33", "1x7"])
+def test_bf16_rows_far_from_zero_keep_the_output_rounding(shape, stats):
+    # mean / std is about 1200 here (1000 + N(0, 1) in bf16 steps of 8). x * rstd - mean * rstd,
+    # one fma fewer than (x - mean) * rstd, fails this: its fp32 rounding at |x * rstd| ~ 1200 is
+    # up to 6e-5, over half a bf16 ulp of the small outputs where x is near the mean and w * x
+    # cancels b (torch.layer_norm itself, which takes that form, misses 163 of these elements).
+    # Widths with a scalar tail; every statistics path and row grouping the shape allows.
+    x, weight, bias = make(shape, torch.bfloat16, seed=7, offset=1000.0)
+    expected = reference(x, weight, bias)
+    for row_group in cpu_store.ROW_GROUP_CHOICES:
+        if cpu_cpp.param_error(shape, 1, "plain", stats, row_group) is None:
+            y = cpu_cpp.layer_norm_cpp(x, weight, bias, EPS, 1, "plain", stats, row_group)
+            torch.testing.assert_close(y.double(), expected, **TOL[torch.bfloat16])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -29,6 +29,10 @@ struct RoundedSumOf {
     SumOf<T>{x, r}.block(i, lo, hi);
     round_block<T>(lo, hi);
   }
+  void block_unordered(int64_t i, fVec& lo, fVec& hi) const {
+    SumOf<T>{x, r}.block_unordered(i, lo, hi);
+    round_block<T>(lo, hi);
+  }
   float at(int64_t i) const { return round_scalar<T>(SumOf<T>{x, r}.at(i)); }
 };
 

@@ -73,8 +73,8 @@ Moments row_moments(const Row& row, int64_t n) {
     ++steps;
     const fVec inv_count(1.f / static_cast<float>(steps));
     fVec a, b, c, d;
-    row.block(i, a, b);
-    row.block(i + kBlock, c, d);
+    row.block_unordered(i, a, b);
+    row.block_unordered(i + kBlock, c, d);
     welford_step(a, inv_count, mean[0], m2[0]);
     welford_step(b, inv_count, mean[1], m2[1]);
     welford_step(c, inv_count, mean[2], m2[2]);
@@ -117,15 +117,15 @@ Moments shifted_moments(const Row& row, int64_t n) {
   }
   const auto add = [](const fVec& u, const fVec& v) { return u + v; };
   fVec a, b, c, d;
-  row.block(0, a, b);
+  row.block_unordered(0, a, b);
   const float shift = at::vec::vec_reduce_all<float>(add, a + b) / static_cast<float>(kBlock);
   const fVec k(shift);
   fVec s[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
   fVec q[4] = {fVec(0.f), fVec(0.f), fVec(0.f), fVec(0.f)};
   int64_t i = 0;
   for (; i + 2 * kBlock <= n; i += 2 * kBlock) {
-    row.block(i, a, b);
-    row.block(i + kBlock, c, d);
+    row.block_unordered(i, a, b);
+    row.block_unordered(i + kBlock, c, d);
     a = a - k, b = b - k, c = c - k, d = d - k;
     s[0] = s[0] + a, s[1] = s[1] + b, s[2] = s[2] + c, s[3] = s[3] + d;
     q[0] = at::vec::fmadd(a, a, q[0]);
