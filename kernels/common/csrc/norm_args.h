@@ -139,7 +139,7 @@ class Fp32Param {
 
  private:
   at::Tensor contiguous_;
-  std::vector<float> widened_;
+  std::unique_ptr<float[]> widened_;
   const float* data_;
 };
 

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -325,21 +326,31 @@ inline bool is_supported_dtype(at::ScalarType t) {
 
 // A 1-D parameter (weight, bias) as fp32, plus `offset` (Gemma's `1 + weight`, added in fp32 as
 // Gemma does): the tensor's own data when it is fp32 already and offset is 0, else widened once
-// into `storage`. It is tiny next to x, and one fp32 load in the hot loop is cheap.
-inline const float* widen_to_float(const at::Tensor& contiguous, std::vector<float>& storage,
-                                   float offset = 0.f) {
+// into `storage`. It is tiny next to x, and one fp32 load in the hot loop is cheap. The storage
+// is not zeroed first and is widened in vector blocks: at one row a call, zeroing and widening
+// weight and bias element by element cost as much as normalising the row.
+inline const float* widen_to_float(const at::Tensor& contiguous,
+                                   std::unique_ptr<float[]>& storage, float offset = 0.f) {
   if (contiguous.scalar_type() == at::kFloat && offset == 0.f) {
     return contiguous.const_data_ptr<float>();
   }
   const int64_t n = contiguous.numel();
-  storage.resize(n);
+  storage.reset(new float[n]);
   AT_DISPATCH_V2(contiguous.scalar_type(), "fusionlab_widen_to_float", AT_WRAP([&] {
     const scalar_t* src = contiguous.const_data_ptr<scalar_t>();
-    for (int64_t i = 0; i < n; ++i) {
+    const fVec shift(offset);
+    int64_t i = 0;
+    for (; i + kBlock <= n; i += kBlock) {
+      fVec lo, hi;
+      load_block(src + i, lo, hi);
+      (lo + shift).store(storage.get() + i);
+      (hi + shift).store(storage.get() + i + fVec::size());
+    }
+    for (; i < n; ++i) {
       storage[i] = static_cast<float>(src[i]) + offset;
     }
   }), at::kFloat, at::kBFloat16, at::kHalf);
-  return storage.data();
+  return storage.get();
 }
 
 // Rounds fp32 values to T and back (round to nearest even), as `.to(T)` between two ATen ops
