@@ -107,7 +107,7 @@ def measure(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: int,
     return samples
 
 
-def _cache_resident(shape: Shape, itemsize: int) -> Shape:
+def cache_resident_shape(shape: Shape, itemsize: int) -> Shape:
     """The cell's row width with only as many rows as keep x within CACHE_RESIDENT_BYTES (at
     least one row per thread)."""
     width = shape[-1]
@@ -119,7 +119,7 @@ def from_cache(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: i
     """The fastest of these variants, each at its fastest configuration, on a cache-resident
     input of the cell's row width, and its effective GB/s: what the cell's lowerings reach with
     no DRAM traffic and no fresh pages, their compute ceiling."""
-    small = _cache_resident(shape, torch_dtype(dtype).itemsize)
+    small = cache_resident_shape(shape, torch_dtype(dtype).itemsize)
     inputs = spec.make_inputs(small, torch_dtype(dtype), device.torch_device, 0)
     calls = {name: call for name, call in _contenders(spec, dtype, device, inputs, variants).items()
              if name not in COPIES}
@@ -161,7 +161,7 @@ def run_op(op: str, args: argparse.Namespace, device: Device) -> None:
             samples = measure(spec, shape, dtype, device, args.rounds, wanted)
             x_bytes = math.prod(shape) * torch_dtype(dtype).itemsize
             moved = spec.bytes_moved(shape, torch_dtype(dtype))
-            rounds = [_Round(t, registered, x_bytes, moved)
+            rounds = [Round(t, registered, x_bytes, moved)
                       for t in _per_round(samples, args.rounds)]
             variants = sorted({v for r in rounds for v in r.share})
             median = {name: statistics.median(values) for name, values in samples.items()}
@@ -174,7 +174,8 @@ def run_op(op: str, args: argparse.Namespace, device: Device) -> None:
             checks += _targets(f"{format_shape(shape)} {dtype}", x_bytes / 1e6, shape in default,
                                rounds, registered, device)
             if device.type == "cpu":
-                checks += _compute_bound(spec, shape, dtype, device, args.rounds, rounds, x_bytes)
+                checks += compute_bound_lines(spec, shape, dtype, device, args.rounds, rounds,
+                                              x_bytes)
     headers = ["shape", "dtype", "MB (x)", "clone GB/s", "copy_ GB/s", "fastest",
                *(f"{v} % of {'copy_' if registered[v].inplace else 'clone'}" for v in variants)]
     print(f"\n== {op}: bytes = {spec.bytes_moved.__doc__}")
@@ -184,7 +185,7 @@ def run_op(op: str, args: argparse.Namespace, device: Device) -> None:
         print("  " + line)
 
 
-class _Round:
+class Round:
     """One round's figures: the copies' GB/s, each variant's best latency and share of its copy."""
 
     def __init__(self, times: dict[str, float], registered: dict, x_bytes: int, moved: int):
@@ -199,7 +200,7 @@ class _Round:
         }
 
 
-def _targets(where: str, mb: float, is_default: bool, rounds: list[_Round], registered: dict,
+def _targets(where: str, mb: float, is_default: bool, rounds: list[Round], registered: dict,
              device: Device) -> list[str]:
     """Each target this cell is judged by, as a line: met or not, with its spread over rounds."""
     if device.type == "cpu":
@@ -210,7 +211,7 @@ def _targets(where: str, mb: float, is_default: bool, rounds: list[_Round], regi
     return []
 
 
-def _copy_share_targets(where: str, mb: float, rounds: list[_Round]) -> list[str]:
+def _copy_share_targets(where: str, mb: float, rounds: list[Round]) -> list[str]:
     """Where x >= 4 MB: the best lowering's share of the same-run copy (in-place variants
     against the in-place copy), >= 85%."""
     if mb < 4:
@@ -228,8 +229,8 @@ def _copy_share_targets(where: str, mb: float, rounds: list[_Round]) -> list[str
     return lines
 
 
-def _compute_bound(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: int,
-                   per_round: list[_Round], x_bytes: int) -> list[str]:
+def compute_bound_lines(spec: OpSpec, shape: Shape, dtype: str, device: Device, rounds: int,
+                   per_round: list[Round], x_bytes: int) -> list[str]:
     """For an out-of-place cell that misses 85% of clone: the fastest out-of-place lowering's
     share of the cell's clone when the input is cache-resident. Below 85% even from cache, the
     core's arithmetic, not the memory, is what bounds the cell on this machine."""
@@ -241,13 +242,13 @@ def _compute_bound(spec: OpSpec, shape: Shape, dtype: str, device: Device, round
     variants = {v for r in per_round for v in r.share if v not in r.inplace}
     variant, gbps = from_cache(spec, shape, dtype, device, rounds, variants)
     ceiling = gbps / statistics.median(r.clone_gbps for r in per_round)
-    small = format_shape(_cache_resident(shape, torch_dtype(dtype).itemsize))
+    small = format_shape(cache_resident_shape(shape, torch_dtype(dtype).itemsize))
     bound = "compute-bound here" if ceiling < 0.85 else "not compute-bound: memory access is"
     return [f"{format_shape(shape)} {dtype}: from cache ({small}) the fastest, {variant}, "
             f"reaches {100 * ceiling:.0f}% of this cell's clone ({bound})"]
 
 
-def _cpp_ratio_targets(where: str, is_default: bool, rounds: list[_Round]) -> list[str]:
+def _cpp_ratio_targets(where: str, is_default: bool, rounds: list[Round]) -> list[str]:
     """Each C++ variant against the fastest other lowering of the same round, <= 1.05x."""
     lines = []
     for cpp in sorted(v for v in rounds[0].best if _is_cpp(v)):
@@ -261,7 +262,7 @@ def _cpp_ratio_targets(where: str, is_default: bool, rounds: list[_Round]) -> li
     return lines
 
 
-def _triton_targets(where: str, mb: float, rounds: list[_Round]) -> list[str]:
+def _triton_targets(where: str, mb: float, rounds: list[Round]) -> list[str]:
     """On a GPU: Triton's share of copy_ where x >= 64 MB (>= 80%), and Triton over compiled
     (<= 1.10x)."""
     first = rounds[0]
