@@ -105,7 +105,9 @@ def test_editing_a_builtin_kernel_source_starts_new_cells(tmp_path: Path) -> Non
     assert layernorm == before[1], "another op's cells changed with it"
 
 
-def _running(url: str) -> list[str]:
+def _running(url: str, searching: bool = False) -> list[str]:
+    """The workers of the trials now RUNNING (`searching`: search trials only, not a cell's
+    re-measurement)."""
     try:
         storage = open_storage(url, must_exist=True)
     except Exception:
@@ -115,7 +117,15 @@ def _running(url: str) -> list[str]:
         for cell, _ in store.planned_cells(storage)
         for t in optuna.load_study(study_name=store.study_name(cell), storage=storage)
         .get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if not (searching and store.is_verdict_key(t.user_attrs.get("config", "")))
     ]
+
+
+def _mid_search(url: str) -> bool:
+    """Two search trials running at once, with one not yet claimed after them: a Ctrl-C now
+    must leave the search unfinished."""
+    return (len(set(_running(url, searching=True))) == 2
+            and sum(_measured(url).values()) + 2 < 14)
 
 
 def _measured(url: str) -> Counter:
@@ -148,12 +158,14 @@ def test_ctrl_c_on_sweep_with_workers_stops_them_all_and_the_same_command_resume
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=_own_group_interruptible)
     try:
-        # Ctrl-C while both workers measure (their trial workers ignore SIGINT from their start:
-        # Ctrl-C is the parent's to handle, fusionlab/measure/worker.py).
+        # Ctrl-C while both workers measure search trials and one is still unclaimed (their
+        # trial workers ignore SIGINT from their start: Ctrl-C is the parent's to handle,
+        # fusionlab/measure/worker.py). Two running in the cells' re-measurement, or the last two
+        # of the search, would let the search end whole.
         deadline = time.monotonic() + 300
-        while len(set(_running(url))) < 2 and time.monotonic() < deadline:
+        while not (mid := _mid_search(url)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(set(_running(url))) == 2, "the two workers never measured at once"
+        assert mid, "the two workers never measured search trials at once"
         os.killpg(sweep.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
         _, err = sweep.communicate(timeout=300)
     finally:
