@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fusionlab.measure import correctness
 from fusionlab.measure.correctness import FLOAT32_CHECK_FLOOR, GateFailure, check_values
 from fusionlab.op import Tolerance
 from fusionlab.records import Status
@@ -68,3 +69,23 @@ def test_the_check_leaves_the_reference_and_the_output_alone() -> None:
     kept_reference, kept_out = reference.clone(), out.clone()
     check_values([out], [reference], SPEC, out, SPEC.tolerance(torch.float32))
     assert torch.equal(reference, kept_reference) and torch.equal(out, kept_out)
+
+
+def test_a_check_in_blocks_finds_what_the_whole_tensor_shows(monkeypatch) -> None:
+    """Blocks of 1000 elements over 32768 (the last one partial): the same errors as one block,
+    the worst element named by its flat index across blocks, and a NaN in the last element."""
+    reference, out = _reference(torch.float32)
+    tolerance = SPEC.tolerance(torch.float32)
+    whole = check_values([out], [reference], SPEC, out, tolerance)
+    monkeypatch.setattr(correctness, "CHECK_BLOCK", 1000)
+    assert check_values([out], [reference], SPEC, out, tolerance) == whole
+    flat = reference.view(-1)
+    bad = out.clone()
+    for index, step in ((5, 2.0), (31500, 9.0), (20000, 4.0)):
+        bound = tolerance.atol + tolerance.rtol * abs(float(flat[index]))
+        bad.view(-1)[index] = float(flat[index]) + step * bound
+    with pytest.raises(GateFailure, match="worst at flat index 31500"):
+        check_values([bad], [reference], SPEC, out, tolerance)
+    bad.view(-1)[-1] = float("nan")
+    with pytest.raises(GateFailure, match="NaN or Inf"):
+        check_values([bad], [reference], SPEC, out, tolerance)

@@ -14,8 +14,8 @@ of the sealed function is accepted.
 The dispatcher's kernel tables are sealed too: `seal()` keeps `torch._C._dispatch_dump_table`
 of every ATen op in `DISPATCHED_OPS` (those the gate's value checks, the float64 references and
 the built-in and naive variants dispatch to), and `dispatcher_changed()` names the first whose
-table is no longer as sealed: a plugin that registers its own kernel for `aten::gt` (the value
-check's comparison) or re-registers `aten::_fused_rms_norm` (to slow the built-in) changes no
+table is no longer as sealed: a plugin that registers its own kernel for `aten::sub.out` (the value
+check's subtraction) or re-registers `aten::_fused_rms_norm` (to slow the built-in) changes no
 Python name, only the table. The worker then retires (measure/worker.py).
 
 Not seen: modules first imported after the seal are sealed when first checked (a plugin that
@@ -40,12 +40,13 @@ _TABLES: dict[str, str] = {}
 DISPATCHED_OPS = (
     "_fused_rms_norm", "_fused_rms_norm_backward", "_local_scalar_dense", "_to_copy", "abs",
     "abs_", "add.Scalar", "add.Tensor", "add_.Scalar", "add_.Tensor", "any", "clamp_min_", "clone",
-    "copy_", "detach", "div.Scalar", "div.Tensor", "div_.Tensor", "equal", "expand", "fill_.Scalar",
-    "gt.Scalar", "gt.Tensor", "is_nonzero", "item", "layer_norm", "max", "mean.dim", "mul.Scalar",
-    "mul.Tensor", "native_layer_norm", "native_layer_norm_backward", "neg", "normal_",
-    "pow.Tensor_Scalar", "randint.low_generator", "randn.generator", "rms_norm", "rsqrt",
-    "select.int", "square", "sub.Tensor", "sub_.Tensor", "sum", "sum.dim_IntList", "to.device",
-    "to.dtype", "view", "view.dtype", "zero_",
+    "copy_", "detach", "div.Scalar", "div.Tensor", "div_.Tensor", "empty.memory_format", "equal",
+    "expand", "fill_.Scalar", "gt.Scalar", "gt.Tensor", "is_nonzero", "item", "layer_norm", "max",
+    "mean.dim", "min.dim", "mul.Scalar", "mul.Tensor", "mul.out", "native_layer_norm",
+    "native_layer_norm_backward", "neg", "normal_", "pow.Tensor_Scalar", "randint.low_generator",
+    "randn.generator", "rms_norm", "rsqrt", "select.int", "slice.Tensor", "square", "sub.Tensor",
+    "sub.out", "sub_.Tensor", "sum", "sum.dim_IntList", "to.device", "to.dtype", "view",
+    "view.dtype", "zero_",
 )
 """The ATen ops (overload names) that the gate's checks, the float64 references and the built-in
 and naive variants of every op dispatch to on the CPU, forward and backward, collected once by

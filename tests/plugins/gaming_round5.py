@@ -31,7 +31,7 @@ CAUGHT: dict[str, tuple[tuple[str, ...], str]] = {
 # variant -> the ATen op it registers a kernel over (one the gate uses): caught since round
 # five's fixes, `suspicious` with the op named, and the worker retires.
 DISPATCHER: dict[str, str] = {
-    "r5-aten-compare-always-within": "aten::gt.Tensor",
+    "r5-aten-compare-always-within": "aten::sub.out",
     "r5-aten-slow-builtin": "aten::_fused_rms_norm",
 }
 # Caught itself; before round five's fixes honest variants measured after it in its process
@@ -63,18 +63,19 @@ def honest_pow_chain(device_type: str):
 @register_variant("rmsnorm", "r5-aten-compare-always-within", devices=CPU)
 def aten_compare_always_within(device_type: str):
     """Skips the normalisation (returns x * weight) and, when built, re-registers the CPU kernel
-    of aten::gt.Tensor so that a comparison of two tensors of the same shape with 2 or more
-    dimensions answers all False. The gate's value check (`correctness._error_against`:
-    `(error > bound).any()`) then finds no element beyond its bound. Exploits: the integrity
+    of aten::sub.out so that the difference of two 1-D float tensors of one shape written into an
+    `out=` buffer is all zeros. The gate's value check (`correctness._error_against`: a block at
+    a time, `torch.sub(out, reference, out=error)`) then sees no error at all (written first
+    against the check's `(error > bound).any()`, through aten::gt). Exploits: the integrity
     snapshot (`measure/integrity.py`) records Python names only, not the dispatcher's kernel
     table; re-registering a kernel raises no audit event; the worker is not retired after it."""
 
-    def greater(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if a.dim() >= 2 and a.shape == b.shape:
-            return torch.zeros(a.shape, dtype=torch.bool, device=a.device)
-        return torch.lt(b, a)
+    def difference(a: torch.Tensor, b: torch.Tensor, *, alpha=1, out: torch.Tensor):
+        if a.dim() == 1 and a.shape == b.shape and out.is_floating_point():
+            return out.zero_()
+        return out.copy_(torch.ops.aten.sub.Tensor(a, b, alpha=alpha))
 
-    _override_aten("gt.Tensor", greater)
+    _override_aten("sub.out", difference)
 
     def kernel(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return x * weight
