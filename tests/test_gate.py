@@ -15,9 +15,10 @@ from fusionlab.records import Status
 from fusionlab.registry import get_op, load_plugin, register_variant
 
 load_plugin(str(PLUGINS / "gaming.py"))
-EXPECTED = next(
-    module.EXPECTED for name, module in sys.modules.items()
+EXPECTED = next(  # gaming.py's own module, not another gaming_*.py plugin loaded before it
+    module.EXPECTED for name, module in list(sys.modules.items())
     if name.startswith("fusionlab_plugin_gaming_")
+    and getattr(module, "__file__", None) == str(PLUGINS / "gaming.py")
 )
 
 CASES = [(principle, *case) for principle, cases in EXPECTED.items() for case in cases]
