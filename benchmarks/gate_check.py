@@ -4,7 +4,8 @@ fewer beside the float64 one it keeps for tight tolerances, and the float32 comp
 CHECK_BLOCK elements at a time (what the gate does) beside the whole tensor in one block; same
 output, same reference, in one run. Prints the median of 7 checks of each and the ratios.
 
-    python benchmarks/gate_check.py [--shapes 2048x8192,512x4096] [--dtypes float32,bfloat16]
+    python benchmarks/gate_check.py [--shapes 2048x8192,512x4096,32x4096]
+                                    [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
                          f"{whole / fast:.2f}x"))
     print(tabulate(rows, headers=["output", "float32 check ms", "float64 check ms", "ratio",
                                   "float32, one block ms", "one block / blocks"]))
+
 
 if __name__ == "__main__":
     main()
